@@ -1,0 +1,40 @@
+"""Input validation with messages that name the fix."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import context_length
+
+
+def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+    """Batch size 1, a non-empty prompt, and room in the model's context for the generation."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (1, L), got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"batch size {input_ids.shape[0]} is not supported: speculative decoding here runs one sequence "
+            "at a time; call the function once per prompt"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    limit = context_length(model)
+    if limit is not None and input_ids.shape[1] >= limit:
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}: shorten it")
+    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the model's context "
+            f"({limit}): lower max_new_tokens to at most {limit - input_ids.shape[1]}"
+        )
+
+
+def check_generation_args(
+    model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int, k: int | None = None
+) -> None:
+    """Everything a decoding function needs before it touches a model."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if k is not None and k < 1:
+        raise ValueError(f"k (draft tokens per step, gamma) must be >= 1, got {k}")
+    check_prompt(model, input_ids, max_new_tokens)

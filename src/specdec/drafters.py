@@ -1,0 +1,113 @@
+"""Where draft tokens come from.
+
+A drafter proposes up to k tokens after the current sequence together with the distribution q
+each was sampled from. Speculative sampling is exact only if the tokens really are samples of
+the returned q, so a deterministic drafter (n-gram lookup) returns one-hot rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import CachedLM, logits_width
+from .sampling import Sampling, probabilities, sample
+
+
+@dataclass
+class Draft:
+    """Proposed tokens (n,) with the rows of q they were sampled from (n, V); n may be below k."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+    forwards: int = 0  # draft-model passes spent on this proposal
+
+
+class Drafter(Protocol):
+    """What speculative_generate needs from a source of draft tokens."""
+
+    vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
+
+    def start(self, prompt: torch.Tensor) -> None:
+        """Forget the previous sequence; prompt is (1, L)."""
+
+    def propose(
+        self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to k tokens continuing sequence (1, L), and their processed q rows of width vocab_size."""
+
+    def rollback(self, length: int) -> None:
+        """Only the first `length` tokens of the last sequence are still valid."""
+
+
+class ModelDrafter:
+    """A small causal LM that samples each draft token from its processed distribution q."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.vocab_size = logits_width(model)
+        self.lm = CachedLM(model)
+
+    def start(self, prompt: torch.Tensor) -> None:
+        self.lm.reset()
+        if prompt.shape[-1] > 1:
+            self.lm.forward(prompt[:, :-1], last_only=True)  # prefill all but the last prompt token
+
+    def propose(
+        self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> Draft:
+        tokens, rows = [], []
+        logits = self.lm.advance(sequence, last_only=True)[-1, :vocab_size]  # (V,)
+        for i in range(k):
+            q_i = probabilities(logits, sampling)  # (V,)
+            x_i = sample(q_i[None], generator)  # (1,)
+            tokens.append(x_i)
+            rows.append(q_i)
+            if i + 1 < k:
+                logits = self.lm.forward(x_i[None])[-1, :vocab_size]
+        return Draft(torch.cat(tokens), torch.stack(rows), forwards=k)  # (k,), (k, V)
+
+    def rollback(self, length: int) -> None:
+        self.lm.crop(min(length, self.lm.length))
+
+
+class NGramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, propose what followed.
+
+    Deterministic, so q is one-hot at each proposed token; tries n = max_ngram down to min_ngram.
+    """
+
+    vocab_size = None
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def start(self, prompt: torch.Tensor) -> None:
+        pass
+
+    def rollback(self, length: int) -> None:
+        pass
+
+    def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
+        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
+            windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
+            hits = (windows == seq[-n:]).all(dim=-1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return seq[start : start + k]
+        return seq[:0]
+
+    def propose(
+        self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> Draft:
+        tokens = self.lookup(sequence[0], k)  # (n,) with n <= k
+        q = torch.zeros(tokens.numel(), vocab_size, device=sequence.device)
+        q[torch.arange(tokens.numel()), tokens] = 1.0
+        return Draft(tokens, q)

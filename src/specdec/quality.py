@@ -1,0 +1,57 @@
+"""Output quality: target log-likelihood of a continuation, agreement with greedy output, diversity."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from transformers import PreTrainedModel
+
+
+@torch.inference_mode()
+def token_log_probs(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    """log p_model(ids[t] | ids[:t]) for t = 1..L-1, one forward pass."""  # ids: (1, L) -> (L-1,)
+    ids = ids.to(model.device)
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (L-1, V)
+    return logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+
+
+def continuation_log_probs(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, continuation: torch.Tensor
+) -> torch.Tensor:
+    """Per-token log-probabilities (n,) of continuation (n,) given prompt (1, L), under the model."""
+    if continuation.numel() == 0:
+        return torch.zeros(0)
+    ids = torch.cat([prompt_ids.to(model.device), continuation.to(model.device)[None]], dim=-1)
+    return token_log_probs(model, ids)[-continuation.numel() :]
+
+
+def negative_log_likelihood(model: PreTrainedModel, prompt_ids: torch.Tensor, continuation: torch.Tensor) -> float:
+    """Mean negative log-likelihood per continuation token under the model (nats)."""
+    lp = continuation_log_probs(model, prompt_ids, continuation)
+    return float(-lp.mean()) if lp.numel() else float("nan")
+
+
+def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """Fraction of positions, up to the first difference, on which tokens matches reference (1.0 = identical)."""
+    n = max(tokens.numel(), reference.numel())
+    if n == 0:
+        return 1.0
+    m = min(tokens.numel(), reference.numel())
+    same = (tokens[:m].cpu() == reference[:m].cpu()).long().cumprod(0).sum()
+    return float(same) / n
+
+
+def distinct_n(tokens: list[int], n: int = 2) -> float:
+    """Distinct n-grams / n-grams: low values mean repetitive text."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def repetition_rate(tokens: list[int], n: int = 4) -> float:
+    """Share of n-grams that already occurred earlier in the same text."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    if not grams:
+        return float("nan")
+    repeats = sum(c - 1 for c in Counter(grams).values())
+    return repeats / len(grams)

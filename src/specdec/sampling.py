@@ -1,0 +1,82 @@
+"""Logits -> processed probabilities, applied identically to the target (p) and the draft (q).
+
+Speculative sampling is exact only when p and q are the distributions the caller actually wants
+to sample from: temperature, top-k and top-p must be applied to both the same way. Temperature 0
+means greedy decoding; its processed distribution is the one-hot vector at the argmax, which turns
+the rejection rule into "accept iff the draft token is the target's argmax".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to turn logits into a distribution.
+
+    temperature: 0 for greedy, otherwise > 0.
+    top_k: keep the k most likely tokens; 0 disables.
+    top_p: keep the smallest set of tokens whose mass reaches top_p; 1.0 disables.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling(temperature=0.0)
+
+
+def keep_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Set every logit below the k-th largest to -inf."""  # logits: (..., V)
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest prefix of sorted tokens whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (..., V)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    mass_before = cumulative - sorted_logits.softmax(dim=-1)  # mass of strictly more likely tokens
+    drop_sorted = mass_before >= top_p  # the most likely token is always kept
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy distribution: all mass on the argmax."""  # (..., V)
+    probs = torch.zeros_like(logits, dtype=torch.float32)
+    return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Processed distribution over the vocabulary, float32, rows sum to 1."""  # (..., V) -> (..., V)
+    if sampling.greedy:
+        return one_hot_argmax(logits)
+    scaled = logits.float() / sampling.temperature
+    filtered = keep_top_p(keep_top_k(scaled, sampling.top_k), sampling.top_p)
+    return filtered.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row."""  # (n, V) -> (n,)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
