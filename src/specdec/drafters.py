@@ -59,6 +59,8 @@ class ModelDrafter:
     def propose(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(sequence.new_zeros(0), torch.zeros(0, vocab_size, device=sequence.device))
         tokens, rows = [], []
         logits = self.lm.advance(sequence, last_only=True)[-1, :vocab_size]  # (V,)
         for i in range(k):

@@ -1,0 +1,53 @@
+"""Tiny random causal LMs of every architecture the model catalogue uses, built from configs.
+
+For tests, notebooks and benchmarks that must not download anything. Sliding windows are made
+shorter than a test generation so that cache rollback across the window is exercised.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import (
+    GemmaConfig,
+    Gemma2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Qwen2Config,
+)
+
+ARCHITECTURES = ("llama", "gemma", "gemma2", "mistral", "mixtral", "gpt_neox", "qwen2")
+
+
+def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6):
+    """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window."""
+    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=256, bos_token_id=0, eos_token_id=None,
+                  pad_token_id=None, tie_word_embeddings=False)
+    decoder = dict(common, num_key_value_heads=2)
+    if arch == "llama":
+        return LlamaConfig(**decoder)
+    if arch == "gemma":
+        return GemmaConfig(**decoder, head_dim=8)
+    if arch == "gemma2":
+        return Gemma2Config(**decoder, head_dim=8, sliding_window=sliding_window)
+    if arch == "mistral":
+        return MistralConfig(**decoder, sliding_window=sliding_window)
+    if arch == "mixtral":
+        return MixtralConfig(**decoder, num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window)
+    if arch == "qwen2":
+        return Qwen2Config(**decoder, use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1)
+    if arch == "gpt_neox":
+        return GPTNeoXConfig(**common)
+    raise ValueError(f"unknown architecture {arch!r}; choices: {ARCHITECTURES}")
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, scale: float = 1.0, **config) -> PreTrainedModel:
+    """Random-weight model; `scale` multiplies the output layer so that distributions are far from uniform."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model.eval()
