@@ -1,0 +1,60 @@
+"""Small exact objects for the notebooks and tests: exact sequence distributions of tiny models by
+enumeration, total-variation distance, empirical histograms, one round on fixed distributions.
+
+Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers import PreTrainedModel
+
+from .sampling import Sampling, probabilities, sample
+from .speculative import accept
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
+    """TV(p, q) = 1/2 sum_x |p(x) - q(x)| over the last dimension, averaged over any leading ones."""
+    return float(0.5 * (p.double() - q.double()).abs().sum(-1).mean())
+
+
+def histogram(samples: torch.Tensor, n_outcomes: int) -> torch.Tensor:
+    """Empirical distribution (n_outcomes,) of integer samples in [0, n_outcomes)."""
+    counts = torch.bincount(samples.flatten().long(), minlength=n_outcomes).double()
+    return counts / counts.sum()
+
+
+def sequence_index(tokens: torch.Tensor, vocab_size: int) -> int:
+    """Position of a continuation (n,) in the lexicographic order of V^n used by sequence_distribution."""
+    index = 0
+    for t in tokens.tolist():
+        index = index * vocab_size + int(t)
+    return index
+
+
+@torch.inference_mode()
+def sequence_distribution(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, n_tokens: int, sampling: Sampling
+) -> torch.Tensor:
+    """Exact probability (V^n,) of every n-token continuation of prompt (1, L) under the processed distribution.
+
+    Enumerates all V^n continuations in one batched forward pass, so only for tiny V and n.
+    """
+    vocab = int(model.config.vocab_size)
+    continuations = torch.tensor(list(itertools.product(range(vocab), repeat=n_tokens)))  # (V^n, n)
+    ids = torch.cat([prompt_ids.expand(len(continuations), -1), continuations], dim=-1)  # (V^n, L + n)
+    logits = model(input_ids=ids).logits[:, prompt_ids.shape[-1] - 1 : -1, :vocab]  # (V^n, n, V)
+    probs = probabilities(logits, sampling)  # (V^n, n, V)
+    return probs.gather(-1, continuations[..., None]).squeeze(-1).double().prod(-1)  # (V^n,)
+
+
+def fixed_round(p: torch.Tensor, q: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """One speculative round when p and q (V,) are the same at every position; returns the emitted tokens.
+
+    Drafts k tokens from q and applies specdec.speculative.accept; emits accepted + 1 tokens.
+    """
+    draft = sample(q.expand(k, -1), generator)  # (k,)
+    n, next_token = accept(p.expand(k + 1, -1), q.expand(k, -1), draft, generator)
+    return torch.cat([draft[:n], next_token])
