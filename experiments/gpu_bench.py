@@ -1,0 +1,169 @@
+"""GPU benchmark on a real-architecture pair with random weights (no downloads), for a session with a CUDA device.
+
+Target: Llama-3-8B-shaped, draft: Llama-3.2-1B-shaped, both bf16 with random weights. Random weights give
+meaningless text but real costs: it measures
+  1. c = draft step / target step (one cached token, the Thm 3.8 cost ratio),
+  2. the target's verification cost as k grows (one pass over k+1 tokens),
+  3. the loops at greedy: target-only (ours, HF plain) and speculative with the draft equal to the target
+     (alpha = 1 up to bf16 rounding, so all remaining cost is per-step overhead) and with the 1B draft,
+     ours against HF assisted generation at the same fixed k.
+Without CUDA it says so and exits 0.
+
+    python -m experiments.gpu_bench --out bench_out/gpu       # about 3 minutes on an H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
+from specdec.cached import CachedLM
+from specdec.timing import synchronize
+
+SHAPES = {  # public architecture shapes; weights are random
+    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                  "rope_theta": 500000.0, "tie_word_embeddings": False},
+    "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                  "rope_theta": 500000.0, "tie_word_embeddings": True},
+}
+
+
+def random_llama(shape: str, device: str) -> LlamaForCausalLM:
+    """A bf16 Llama of the given shape with random weights, built directly on the device."""
+    config = LlamaConfig(max_position_embeddings=8192, **SHAPES[shape])
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+@torch.inference_mode()
+def step_ms(model, prefix: torch.Tensor, n_tokens: int, repeats: int = 20) -> float:
+    """Median ms of one cached forward over n_tokens after prefix (1, L)."""
+    lm = CachedLM(model)
+    lm.forward(prefix, last_only=True)
+    length = lm.length
+    step = prefix[:, :n_tokens]
+    times = []
+    for _ in range(repeats + 3):
+        synchronize(prefix.device)
+        start = time.perf_counter()
+        lm.forward(step)
+        synchronize(prefix.device)
+        times.append(time.perf_counter() - start)
+        lm.crop(length)
+    return 1000 * statistics.median(times[3:])
+
+
+def timed(fn) -> tuple[float, torch.Tensor]:
+    synchronize()
+    start = time.perf_counter()
+    tokens = fn()
+    synchronize()
+    return time.perf_counter() - start, tokens
+
+
+def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -> dict:
+    """Tokens/s (median of repeats) of each loop; greedy outputs compared with ours target-only."""
+    for m in (target, draft):
+        m.generation_config.num_assistant_tokens = k
+        m.generation_config.num_assistant_tokens_schedule = "constant"
+        m.generation_config.assistant_confidence_threshold = 0.0
+    hf = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "eos_token_id": None,
+          "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
+
+    def hf_call(**kw):
+        @torch.inference_mode()
+        def call():
+            return target.generate(prompt, **hf, **kw)[0, prompt.shape[-1]:]
+        return call
+
+    fns = {
+        "ar": lambda: autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=new).tokens,
+        "hf_plain": hf_call(),
+        "spec_self": lambda: speculative_generate(target, ModelDrafter(target), prompt, k=k, sampling=GREEDY,
+                                                  max_new_tokens=new).tokens,
+        "hf_assisted_self": hf_call(assistant_model=target),
+        "spec_1b": lambda: speculative_generate(target, ModelDrafter(draft), prompt, k=k, sampling=GREEDY,
+                                                max_new_tokens=new).tokens,
+        "hf_assisted_1b": hf_call(assistant_model=draft),
+    }
+    for fn in fns.values():
+        fn()  # warm-up
+    seconds = {name: [] for name in fns}
+    outputs = {}
+    for rep in range(repeats):
+        for name in list(fns)[rep % len(fns):] + list(fns)[: rep % len(fns)]:
+            s, tokens = timed(fns[name])
+            seconds[name].append(s)
+            outputs[name] = tokens.tolist()
+    tps = {name: new / statistics.median(s) for name, s in seconds.items()}
+    return {"tokens_per_second": tps,
+            "identical_to_ar": {name: out == outputs["ar"] for name, out in outputs.items()},
+            "ours_vs_hf": {"ar/hf_plain": tps["ar"] / tps["hf_plain"],
+                           "spec_self/hf_assisted_self": tps["spec_self"] / tps["hf_assisted_self"],
+                           "spec_1b/hf_assisted_1b": tps["spec_1b"] / tps["hf_assisted_1b"]}}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"{r['date']}, {r['device']}, torch {r['torch']}, transformers {r['transformers']}", "",
+             f"c = draft step / target step = {r['draft_step_ms']:.2f} / {r['target_step_ms']:.2f} ms = {r['c']:.3f}",
+             "", "| k | target pass over k+1 tokens (ms) | / one step |", "|---|---|---|"]
+    lines += [f"| {k} | {ms:.2f} | {ms / r['target_step_ms']:.2f} |" for k, ms in r["verify_ms_by_k"].items()]
+    lines += ["", "| loop | tok/s | output equals ours target-only |", "|---|---|---|"]
+    loop = r["loops"]
+    lines += [f"| {n} | {t:.1f} | {loop['identical_to_ar'][n]} |" for n, t in loop["tokens_per_second"].items()]
+    lines += ["", "| ours / HF | ratio |", "|---|---|"] + [f"| {n} | {v:.3f} |" for n, v in loop["ours_vs_hf"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/gpu-<timestamp>)")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per round for the loops")
+    ap.add_argument("--context", type=int, default=512, help="prompt tokens (random ids)")
+    ap.add_argument("--new-tokens", type=int, default=128, help="generated tokens per loop run (EOS ignored)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, interleaved")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: experiments/gpu_bench.py measures GPU costs and needs one; nothing measured")
+        return 0
+    out = args.out or Path("bench_out") / datetime.now().strftime("gpu-%Y%m%d-%H%M%S")
+    target, draft = random_llama("llama3-8b", "cuda"), random_llama("llama3-1b", "cuda")
+    prompt = torch.randint(0, 128000, (1, args.context), generator=torch.Generator().manual_seed(0)).cuda()
+    r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+         "torch": torch.__version__, "transformers": transformers.__version__, "command": " ".join(sys.argv),
+         "context": args.context, "k": args.k, "new_tokens": args.new_tokens}
+    r["target_step_ms"] = step_ms(target, prompt, 1)
+    r["draft_step_ms"] = step_ms(draft, prompt, 1)
+    r["c"] = r["draft_step_ms"] / r["target_step_ms"]
+    r["verify_ms_by_k"] = {k: step_ms(target, prompt, k + 1) for k in (1, 2, 4, 8, 16)}
+    print(json.dumps(r, indent=1), flush=True)
+    r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
+    r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_bench.json").write_text(json.dumps(r, indent=2) + "\n")
+    (out / "gpu_bench.md").write_text(markdown(r))
+    print(markdown(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
