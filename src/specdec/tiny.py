@@ -6,6 +6,8 @@ shorter than a test generation so that cache rollback across the window is exerc
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers import (
@@ -51,3 +53,14 @@ def tiny_model(arch: str = "llama", seed: int = 0, scale: float = 1.0, **config)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)
     return model.eval()
+
+
+def perturbed_copy(model: PreTrainedModel, noise: float, seed: int = 1) -> PreTrainedModel:
+    """A copy with Gaussian noise of `noise` times each weight tensor's std: a draft that agrees partly."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in draft.parameters():
+            if w.numel() > 1:
+                w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
+    return draft.eval()
