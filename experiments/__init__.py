@@ -1,0 +1,1 @@
+"""Entry points that read a Hydra config and call the specdec library: run, report (and bench)."""

@@ -1,0 +1,81 @@
+"""Weights & Biases logging; the only module that imports wandb.
+
+Offline by default (files under the run folder, uploaded later with `wandb sync`), online on
+request, or nothing at all. Metric names are the same in every run so a sweep groups in one
+dashboard: acceptance_rate, mean_accepted_length, alpha, speedup, theoretical_speedup, c,
+tokens_per_second/<method>, peak_memory_mb/<method>, ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+PROMPT_METRICS = (
+    "tokens_per_second", "seconds_total", "emitted", "acceptance_rate", "mean_accepted_length", "alpha",
+    "nll", "agreement", "distinct_2", "repetition_4", "peak_rss_mb",
+)  # fmt: skip
+
+
+class NoLogger:
+    """logger=none: every call does nothing."""
+
+    def log_prompt(self, index: int, rows: list[dict]) -> None:
+        pass
+
+    def log_run(
+        self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path]
+    ) -> None:
+        pass
+
+    def finish(self, interrupted: bool = False) -> None:
+        pass
+
+
+class WandbLogger:
+    """One W&B run: per-prompt metrics as steps, then summary metrics, tables and figures."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, config: dict, name: str):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.get("entity"),
+            group=cfg.get("group"),
+            tags=list(cfg.get("tags") or []),
+            mode=cfg.mode,
+            dir=str(Path(cfg.dir) if cfg.get("dir") else run_dir),
+            name=name,
+            config=config,
+            settings=wandb.Settings(console="off", silent=True),
+        )
+
+    def log_prompt(self, index: int, rows: list[dict]) -> None:
+        """One step per prompt: <method>/<metric> for every method run on it."""
+        metrics = {
+            f"{row['method']}/{key}": row[key]
+            for row in rows
+            for key in PROMPT_METRICS
+            if row.get(key) is not None
+        }
+        self.run.log({"prompt": index, **metrics}, step=index)
+
+    def log_run(
+        self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path]
+    ) -> None:
+        """Summary metrics (stable names), tables (e.g. per-prompt rows, sample outputs) and figures."""
+        self.run.summary.update(metrics)
+        logged = {name: self.wandb.Table(dataframe=df) for name, df in tables.items()}
+        logged.update({f"figures/{p.stem}": self.wandb.Image(str(p)) for p in figures})
+        self.run.log(logged)
+
+    def finish(self, interrupted: bool = False) -> None:
+        self.run.finish(exit_code=1 if interrupted else 0)
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, config: dict, name: str) -> NoLogger | WandbLogger:
+    """The logger the config names (logger.kind: wandb | none)."""
+    return WandbLogger(cfg, run_dir, config, name) if cfg.kind == "wandb" else NoLogger()

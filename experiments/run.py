@@ -1,0 +1,265 @@
+"""One experiment: a model pair over a prompt set, the target-only baseline next to the chosen methods.
+
+    python -m experiments.run                         # offline default (conf/config.yaml), CPU
+    python -m experiments.run model=gemma2 k=4        # a hub pair on a GPU
+    python -m experiments.run -m k=1,2,4,8 temperature=0,0.7,1 quantization=none,nf4
+
+For every prompt each method gets a fresh torch.Generator(seed) and the same max_new_tokens; one
+short warm-up generation per method runs first and is not counted. Per-prompt rows are appended
+to results.jsonl in the Hydra run folder as each prompt finishes, so an interrupted run (Ctrl-C)
+keeps them; the summary table, figures and W&B run are written from whatever finished.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import hydra
+import pandas as pd
+import torch
+import transformers
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specdec import Generation, Sampling, autoregressive_generate, draft_then_score, speculative_generate
+from specdec.models import encode_prompt
+from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
+
+from .environment import environment, peak_memory
+from .figures import run_figures
+from .logger import make_logger
+from .pair import Pair, load_pair
+from .prompts import Prompt, load_prompts
+from .settings import ConfigError, methods_of, sampling_of, validate
+from .summary import markdown, method_table, naive_sentence, run_metrics
+
+log = logging.getLogger(__name__)
+transformers.utils.logging.disable_progress_bar()
+LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at")  # per-round detail kept for the figures
+
+
+def generate(
+    method: str, pair: Pair, ids: torch.Tensor, cfg: DictConfig, sampling: Sampling, n: int
+) -> Generation:
+    """One generation of n new tokens with a fresh generator seeded with cfg.seed."""
+    generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+    common = {
+        "sampling": sampling,
+        "max_new_tokens": n,
+        "eos_token_id": pair.eos_token_id,
+        "generator": generator,
+    }
+    if method == "autoregressive":
+        return autoregressive_generate(pair.target, ids, **common)
+    if method == "speculative":
+        return speculative_generate(pair.target, pair.drafter, ids, k=cfg.k, **common)
+    return draft_then_score(
+        pair.target, pair.draft_model, ids, draft_tokenizer=pair.draft_tokenizer, target_tokenizer=pair.tokenizer,
+        **common,
+    )  # fmt: skip
+
+
+def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor | None) -> dict:
+    """Target NLL per token, agreement with the target's greedy output (None unless greedy), diversity."""
+    as_list = tokens.tolist()
+    return {
+        "nll": negative_log_likelihood(pair.target, ids, tokens),
+        "agreement": None if reference is None else agreement(tokens, reference),
+        "distinct_2": distinct_n(as_list, 2),
+        "repetition_4": repetition_rate(as_list, 4),
+    }
+
+
+def prompt_rows(
+    prompt: Prompt, pair: Pair, cfg: DictConfig, sampling: Sampling, methods: list[str]
+) -> list[dict]:
+    """Run every method on one prompt; one row per method with stats, quality, memory and text."""
+    ids = encode_prompt(pair.tokenizer, prompt.text, chat=cfg.dataset.chat)  # (1, L)
+    outputs, memory = {}, {}
+    for method in methods:
+        with peak_memory(cfg.device) as memory[method]:
+            outputs[method] = generate(method, pair, ids, cfg, sampling, cfg.max_new_tokens)
+    reference = outputs["autoregressive"].tokens if sampling.greedy else None
+    rows = []
+    for method, out in outputs.items():
+        stats = out.stats
+        rows.append(
+            {
+                "prompt_id": prompt.id,
+                "category": prompt.category,
+                "method": method,
+                "prompt_tokens": ids.shape[-1],
+                **stats.summary(),
+                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
+                **quality(pair, ids, out.tokens, reference),
+                "weights_mb": pair.weights_mb(method),
+                "peak_rss_mb": memory[method].rss_mb,
+                "peak_cuda_mb": memory[method].cuda_mb,
+                "text": pair.tokenizer.decode(out.tokens, skip_special_tokens=True),
+            }
+        )
+    return rows
+
+
+def warm_up(prompt: Prompt, pair: Pair, cfg: DictConfig, sampling: Sampling, methods: list[str]) -> None:
+    """One short generation per method (allocator, kernels, caches), not recorded."""
+    ids = encode_prompt(pair.tokenizer, prompt.text, chat=cfg.dataset.chat)
+    for method in methods:
+        generate(method, pair, ids, cfg, sampling, cfg.warmup_tokens)
+
+
+def strict_json(value: object) -> object:
+    """NaN and infinities become null, so results.jsonl is plain JSON."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.writelines(
+            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
+        )
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """results.jsonl back as a DataFrame (null -> NaN)."""
+    with open(path) as f:
+        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
+
+
+def run_keys(cfg: DictConfig, pair: Pair) -> dict:
+    """The settings that tell runs of a sweep apart (saved with the summary for the report)."""
+    return {
+        "model": cfg.model.name,
+        "draft_kind": cfg.model.draft.kind,
+        "target_quantization": pair.target_quantization,
+        "draft_quantization": pair.draft_quantization,
+        "method": cfg.method,
+        "k": cfg.k,
+        "temperature": float(cfg.temperature),
+        "top_k": cfg.top_k,
+        "top_p": float(cfg.top_p),
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset.name,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
+    """Side by side: each prompt with the output of every method."""
+    table = rows.pivot(index="prompt_id", columns="method", values="text")
+    text = {p.id: p.text for p in prompts}
+    table.insert(0, "prompt", [text[i] for i in table.index])
+    return table.reset_index()
+
+
+def write_summary(
+    run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict, sentence: str, done: int
+) -> str:
+    """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
+    theory = ""
+    if "c" in metrics:
+        theory = (
+            f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
+            f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
+            f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
+            f"{metrics['verify_cost']:.2f} target decode steps here (the theory assumes 1).\n\n"
+        )
+    settings = ", ".join(f"{key}={value}" for key, value in keys.items())
+    text = f"# Summary\n\n{settings}; prompts finished: {done}\n\n{markdown(table)}\n\n{theory}{sentence}\n"
+    (run_dir / "summary.md").write_text(text)
+    table.to_csv(run_dir / "summary.csv")
+    summary = {
+        "config": keys,
+        "metrics": {k: strict_json(v) for k, v in metrics.items()},
+        "prompts_done": done,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return text
+
+
+def summarize(run_dir: Path, keys: dict, prompts: list[Prompt], logger, greedy: bool) -> pd.DataFrame:
+    """Table, metrics, figures and logs from the rows in results.jsonl."""
+    rows = read_rows(run_dir / "results.jsonl")
+    table = method_table(rows)
+    metrics = run_metrics(table, rows, keys["k"])
+    text = write_summary(
+        run_dir, keys, table, metrics, naive_sentence(table, greedy), rows["prompt_id"].nunique()
+    )
+    figures = run_figures(rows, metrics, keys["k"], run_dir / "figures")
+    scalar_rows = rows.drop(columns=list(LIST_FIELDS))
+    logger.log_run(metrics, {"results": scalar_rows, "samples": samples(rows, prompts)}, figures)
+    print(text)
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def cached_pair(settings: str) -> Pair:
+    """The pair, loaded once per process: sweep jobs over k or temperature reuse it."""
+    return load_pair(OmegaConf.create(json.loads(settings)))
+
+
+def pair_settings(cfg: DictConfig) -> str:
+    """The keys that decide which models load, as a hashable string."""
+    keys = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "quantization")}
+    return json.dumps({**keys, "device": cfg.device, "dtype": cfg.dtype}, sort_keys=True)
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> pd.DataFrame | None:
+    """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table."""
+    validate(cfg)
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
+    sampling, methods = sampling_of(cfg), methods_of(cfg)
+    prompts = load_prompts(cfg.dataset)
+    pair = cached_pair(pair_settings(cfg))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = environment(str(cfg.device))
+    (run_dir / "environment.json").write_text(json.dumps(env, indent=2))
+    keys = run_keys(cfg, pair)
+    config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
+    name = f"{keys['model']}-{keys['draft_quantization']}-k{cfg.k}-T{keys['temperature']:g}"
+    logger = make_logger(cfg.logger, run_dir, config, name)
+    interrupted, done = False, 0
+    try:
+        warm_up(prompts[0], pair, cfg, sampling, methods)
+        for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
+            rows = prompt_rows(prompt, pair, cfg, sampling, methods)
+            append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+            logger.log_prompt(index, rows)
+            done += 1
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
+    table = None
+    try:
+        if done:
+            table = summarize(run_dir, keys, prompts, logger, sampling.greedy)
+    finally:
+        logger.finish(interrupted)
+    if interrupted:
+        raise SystemExit(130)
+    return table
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_experiment(
+            cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task)
+        )
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

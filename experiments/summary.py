@@ -1,0 +1,150 @@
+"""Per-prompt rows -> per-method table, run metrics with stable names, and the theory they meet.
+
+Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
+tokens per round, c = cost of one draft step / cost of one target step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from specdec.metrics import optimal_k, walltime_improvement
+
+BASELINE = "autoregressive"
+TABLE_COLUMNS = {  # column -> how the markdown table prints it
+    "prompts": "{:.0f}",
+    "new_tokens": "{:.0f}",
+    "latency_s": "{:.2f}",
+    "tokens_per_second": "{:.2f}",
+    "speedup": "{:.2f}",
+    "acceptance_rate": "{:.3f}",
+    "mean_accepted_length": "{:.2f}",
+    "alpha": "{:.3f}",
+    "nll_per_token": "{:.3f}",
+    "agreement": "{:.3f}",
+    "distinct_2": "{:.3f}",
+    "repetition_4": "{:.3f}",
+    "article_log_likelihood": "{:.4f}",
+    "weights_mb": "{:.0f}",
+    "peak_rss_mb": "{:.0f}",
+    "peak_cuda_mb": "{:.0f}",
+}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
+    """Aggregate one method's prompts: throughput over all tokens, quality as a mean over prompts."""
+    speculative = rows["drafted"].sum() > 0
+    return {
+        "prompts": len(rows),
+        "new_tokens": rows["emitted"].sum(),
+        "latency_s": rows["seconds_total"].mean(),
+        "tokens_per_second": ratio(rows["emitted"].sum(), rows["seconds_total"].sum()),
+        "acceptance_rate": ratio(rows["accepted"].sum(), rows["drafted"].sum()) if speculative else math.nan,
+        "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
+        if speculative or method == BASELINE
+        else math.nan,
+        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
+        "nll_per_token": rows["nll"].mean(),
+        "agreement": rows["agreement"].mean(),
+        "distinct_2": rows["distinct_2"].mean(),
+        "repetition_4": rows["repetition_4"].mean(),
+        "article_log_likelihood": rows["article_log_likelihood"].mean()
+        if "article_log_likelihood" in rows
+        else math.nan,
+        "weights_mb": rows["weights_mb"].max(),
+        "peak_rss_mb": rows["peak_rss_mb"].max(),
+        "peak_cuda_mb": rows["peak_cuda_mb"].max(),
+    }
+
+
+def method_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per method (baseline first) with throughput, speedup, acceptance, quality and memory."""
+    order = [m for m in ("autoregressive", "speculative", "naive") if m in set(rows["method"])]
+    table = pd.DataFrame({m: method_row(m, rows[rows["method"] == m]) for m in order}).T
+    table.index.name = "method"
+    base = table.loc[BASELINE, "tokens_per_second"] if BASELINE in table.index else math.nan
+    table.insert(4, "speedup", table["tokens_per_second"] / base)
+    return table
+
+
+def theory(rows: pd.DataFrame, k: int) -> dict[str, float]:
+    """Measured c and verify cost, and Thm 3.8's speedup for the measured alpha, c and k.
+
+    c = (draft seconds per round / k) / (seconds per target decode step of the baseline);
+    verify_cost = seconds per verification pass / seconds per baseline step (1 in the theory).
+    """
+    base, spec = rows[rows["method"] == BASELINE], rows[rows["method"] == "speculative"]
+    if base.empty or spec.empty or spec["drafted"].sum() == 0:
+        return {}
+    step = ratio(base["seconds_verify"].sum(), base["target_forwards"].sum())
+    rounds = spec["target_forwards"].sum()
+    c = ratio(spec["seconds_draft"].sum(), rounds) / k / step
+    alpha = ratio(spec["overlap_sum"].sum(), spec["overlap_count"].sum())
+    return {
+        "c": c,
+        "verify_cost": ratio(spec["seconds_verify"].sum(), rounds) / step,
+        "theoretical_speedup": walltime_improvement(alpha, c, k),
+        "optimal_k": optimal_k(alpha, c),
+    }
+
+
+def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int) -> dict[str, float]:
+    """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard."""
+    metrics: dict[str, float] = {}
+    if "speculative" in table.index:
+        spec = table.loc["speculative"]
+        metrics.update(
+            acceptance_rate=spec["acceptance_rate"],
+            mean_accepted_length=spec["mean_accepted_length"],
+            alpha=spec["alpha"],
+            speedup=spec["speedup"],
+        )
+        metrics.update(theory(rows, k))
+    if "naive" in table.index:
+        metrics["speedup/naive"] = table.loc["naive", "speedup"]
+        metrics["article_log_likelihood"] = table.loc["naive", "article_log_likelihood"]
+    for method, row in table.iterrows():
+        metrics[f"tokens_per_second/{method}"] = row["tokens_per_second"]
+        metrics[f"latency_s/{method}"] = row["latency_s"]
+        metrics[f"peak_memory_mb/{method}"] = row["peak_rss_mb"]
+        metrics[f"cuda_peak_memory_mb/{method}"] = row["peak_cuda_mb"]
+        metrics[f"weights_mb/{method}"] = row["weights_mb"]
+        metrics[f"nll_per_token/{method}"] = row["nll_per_token"]
+        metrics[f"agreement/{method}"] = row["agreement"]
+        metrics[f"distinct_2/{method}"] = row["distinct_2"]
+        metrics[f"repetition_4/{method}"] = row["repetition_4"]
+    return {key: float(value) for key, value in metrics.items()}
+
+
+def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
+    """A plain sentence on how far the naive method's outputs are from the target's."""
+    if "naive" not in table.index:
+        return "The naive method did not run (method or pair without a draft model)."
+    base, naive = table.loc[BASELINE], table.loc["naive"]
+    gap = naive["nll_per_token"] - base["nll_per_token"]
+    sentence = (
+        f"The naive method (draft-then-score) returns the draft model's text unchanged: the target assigns it "
+        f"{naive['nll_per_token']:.3f} nats per token against {base['nll_per_token']:.3f} for its own output "
+        f"({gap:+.3f} nats, {math.exp(gap):.2f}x the perplexity)"
+    )
+    if greedy:
+        sentence += f", and only {naive['agreement']:.0%} of its tokens match the target's greedy output"
+        if "speculative" in table.index:
+            sentence += f" (speculative decoding: {table.loc['speculative', 'agreement']:.0%})"
+    return sentence + "."
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The method table as a GitHub markdown table (NaN printed as a dash)."""
+    columns = [c for c in TABLE_COLUMNS if c in table.columns and table[c].notna().any()]
+    lines = ["| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for method, row in table.iterrows():
+        cells = ["-" if pd.isna(row[c]) else TABLE_COLUMNS[c].format(row[c]) for c in columns]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
