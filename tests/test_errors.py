@@ -1,0 +1,104 @@
+"""Bad input gets a clear error that names the fix."""
+
+import pytest
+import torch
+
+from specdec import GREEDY, ModelDrafter, NGramDrafter, Sampling, autoregressive_generate, speculative_generate
+from specdec.models import check_tokenizers, layer_truncated_copy, load_model, quantization_config, resolve
+from specdec.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=0)
+
+
+def spec(target, ids, **kw):
+    args = dict(k=3, sampling=GREEDY, max_new_tokens=4) | kw
+    return speculative_generate(target, ModelDrafter(target), ids, **args)
+
+
+def test_k_below_one(target):
+    with pytest.raises(ValueError, match="k .*>= 1"):
+        spec(target, torch.tensor([[1, 2]]), k=0)
+
+
+def test_negative_temperature():
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        Sampling(temperature=-1.0)
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.5, 1.01])
+def test_top_p_out_of_range(top_p):
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        Sampling(top_p=top_p)
+
+
+def test_empty_prompt(target):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        spec(target, torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_batch_larger_than_one(target):
+    with pytest.raises(ValueError, match="batch size 2 is not supported.*once per prompt"):
+        spec(target, torch.tensor([[1, 2], [3, 4]]))
+    with pytest.raises(ValueError, match="batch size 2"):
+        autoregressive_generate(target, torch.tensor([[1, 2], [3, 4]]))
+
+
+def test_prompt_longer_than_context(target):
+    limit = target.config.max_position_embeddings
+    with pytest.raises(ValueError, match="context is 256: shorten it"):
+        spec(target, torch.ones(1, limit, dtype=torch.long))
+    with pytest.raises(ValueError, match="lower max_new_tokens to at most 6"):
+        spec(target, torch.ones(1, limit - 6, dtype=torch.long), max_new_tokens=10)
+
+
+def test_max_new_tokens_below_one(target):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        spec(target, torch.tensor([[1]]), max_new_tokens=0)
+
+
+def test_one_token_prompt_works(target):
+    out = speculative_generate(target, NGramDrafter(), torch.tensor([[1]]), k=2, sampling=GREEDY, max_new_tokens=5)
+    assert out.tokens.numel() == 5
+
+
+def test_mismatched_tokenizers_named():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def tok(words):
+        t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+        t.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=t)
+
+    check_tokenizers(tok(["<unk>", "a", "b"]), tok(["<unk>", "a", "b"]), "t", "d")
+    with pytest.raises(ValueError, match="'big/model'.*'small/model'.*same tokenizer"):
+        check_tokenizers(tok(["<unk>", "a", "b"]), tok(["<unk>", "b", "a"]), "big/model", "small/model")
+
+
+def test_unknown_quantization_lists_choices():
+    with pytest.raises(ValueError, match="choices: .*nf4"):
+        quantization_config("int3", torch.float32)
+
+
+def test_unknown_dtype_lists_choices():
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        load_model("offline:smollm2-135m-instruct", dtype="float8")
+
+
+def test_unknown_offline_asset():
+    with pytest.raises(ValueError, match="unknown offline model.*choices"):
+        resolve("offline:gpt-5")
+
+
+def test_missing_local_model_says_what_to_do(tmp_path):
+    with pytest.raises(OSError, match="offline asset"):
+        load_model(str(tmp_path / "nowhere"))
+
+
+def test_layer_truncated_copy_bounds(target):
+    assert len(layer_truncated_copy(target, 1).model.layers) == 1
+    with pytest.raises(ValueError, match="n_layers"):
+        layer_truncated_copy(target, 2)

@@ -1,0 +1,45 @@
+"""Model loading: the offline asset, bitsandbytes quantization on the CPU, shared vocabularies."""
+
+import os
+
+import pytest
+import torch
+
+from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
+from specdec.models import SMOLLM2, cache_dir, encode_prompt, ensure_offline_model, load_model
+from specdec.tiny import tiny_model
+
+
+def test_padded_draft_head_uses_shared_vocabulary():
+    """Like Qwen2.5 sizes: one lm_head has extra rows; p and q are compared on the shared vocabulary."""
+    target = tiny_model("qwen2", seed=0, scale=20.0, vocab_size=32)
+    draft = tiny_model("qwen2", seed=0, scale=20.0, vocab_size=40)
+    prompt = torch.tensor([[1, 2, 3]])
+    out = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=12)
+    ref = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=12)
+    assert torch.equal(out.tokens, ref.tokens)
+    sampled = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=Sampling(1.0),
+                                   max_new_tokens=12, generator=torch.Generator().manual_seed(0))
+    assert int(sampled.tokens.max()) < 32
+
+
+@pytest.mark.slow
+def test_offline_asset_is_cached_and_checked():
+    path = ensure_offline_model()
+    assert path == cache_dir() / SMOLLM2.name
+    stamp = os.path.getmtime(path / "config.json")
+    assert ensure_offline_model() == path  # idempotent: no second conversion
+    assert os.path.getmtime(path / "config.json") == stamp
+    assert (path / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", ["int8", "nf4", "fp4"])
+def test_quantized_copy_is_a_usable_draft(smollm2, quantization):
+    target, tokenizer, _ = smollm2
+    compute = None if quantization == "int8" else "bfloat16"
+    draft = load_model("offline:smollm2-135m-instruct", quantization=quantization, compute_dtype=compute)
+    ids = encode_prompt(tokenizer, "Name three primary colours.")
+    out = speculative_generate(target, ModelDrafter(draft), ids, k=3, sampling=GREEDY, max_new_tokens=16)
+    assert torch.equal(out.tokens, autoregressive_generate(target, ids, sampling=GREEDY, max_new_tokens=16).tokens)
+    assert out.stats.accepted > 0  # the quantized copy does agree with its original on some tokens
