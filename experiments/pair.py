@@ -3,12 +3,15 @@ draft model the naive method generates with."""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -18,6 +21,7 @@ from specdec.models import check_tokenizers, layer_truncated_copy, load_model, l
 from .settings import draft_quantization, quantization_of
 
 log = logging.getLogger(__name__)
+LOADED: dict[str, Pair] = {}  # at most one pair, kept between the jobs of a sweep
 CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
@@ -126,3 +130,33 @@ def load_pair(cfg: DictConfig) -> Pair:
     return Pair(
         target, tokenizer, drafter, draft_model, draft_tokenizer, target_quantization, draft_quantization(cfg)
     )
+
+
+def pair_key(cfg: DictConfig) -> str:
+    """The effective settings that decide which weights load (sweeps over k or temperature share one)."""
+    target_quantization = quantization_of(cfg, "target")
+    key = {
+        "target": cfg.model.target.name,
+        "target_quantization": target_quantization,
+        "target_compute_dtype": cfg.quantization.compute_dtype if target_quantization != "none" else None,
+        "draft": {
+            k: v for k, v in cfg.model.draft.items() if k not in ("quantization", "compute_dtype", "gated")
+        },
+        "draft_quantization": draft_quantization(cfg),
+        "draft_compute_dtype": draft_compute_dtype(cfg),
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+    }
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def load_pair_once(cfg: DictConfig) -> Pair:
+    """load_pair, reusing the pair of the previous job when the effective settings are the same."""
+    key = pair_key(cfg)
+    if key not in LOADED:
+        LOADED.clear()  # free the previous pair before loading the next one
+        gc.collect()
+        if str(cfg.device).startswith("cuda"):
+            torch.cuda.empty_cache()
+        LOADED[key] = load_pair(cfg)
+    return LOADED[key]

@@ -12,7 +12,6 @@ keeps them; the summary table, figures and W&B run are written from whatever fin
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -34,7 +33,7 @@ from specdec.quality import agreement, distinct_n, negative_log_likelihood, repe
 from .environment import environment, peak_memory
 from .figures import run_figures
 from .logger import make_logger
-from .pair import Pair, load_pair
+from .pair import Pair, load_pair_once
 from .prompts import Prompt, load_prompts
 from .settings import ConfigError, methods_of, sampling_of, validate
 from .summary import markdown, method_table, naive_sentence, run_metrics
@@ -201,18 +200,6 @@ def summarize(run_dir: Path, keys: dict, prompts: list[Prompt], logger, greedy: 
     return table
 
 
-@functools.lru_cache(maxsize=1)
-def cached_pair(settings: str) -> Pair:
-    """The pair, loaded once per process: sweep jobs over k or temperature reuse it."""
-    return load_pair(OmegaConf.create(json.loads(settings)))
-
-
-def pair_settings(cfg: DictConfig) -> str:
-    """The keys that decide which models load, as a hashable string."""
-    keys = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "quantization")}
-    return json.dumps({**keys, "device": cfg.device, "dtype": cfg.dtype}, sort_keys=True)
-
-
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> pd.DataFrame | None:
     """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table."""
     validate(cfg)
@@ -220,7 +207,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
         torch.set_num_threads(cfg.threads)
     sampling, methods = sampling_of(cfg), methods_of(cfg)
     prompts = load_prompts(cfg.dataset)
-    pair = cached_pair(pair_settings(cfg))
+    pair = load_pair_once(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment(str(cfg.device))
     (run_dir / "environment.json").write_text(json.dumps(env, indent=2))

@@ -1,0 +1,122 @@
+"""Turn a sweep (or a single run) into tables and plots.
+
+    python -m experiments.report multirun/2026-11-29/10-00-00_smollm2     # a Hydra multirun folder
+    python -m experiments.report outputs/2026-11-29/10-00-00_smollm2      # one run works too
+
+Reads every summary.json below the folder (one per run) and writes into <folder>/report/:
+report.md (printed), runs.csv, best_k.csv and the figures speedup_vs_k.png (per temperature),
+alpha.png (against temperature and quantization) and measured_on_theory.png (measured points on
+Leviathan's Thm 3.8 curves drawn from each draft's measured alpha and c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from specdec.metrics import optimal_k, walltime_improvement
+
+from .figures import sweep_figures
+
+RUN_COLUMNS = [  # run table: settings, then measurements
+    "model", "draft_quantization", "target_quantization", "k", "temperature", "top_p", "dataset",
+    "acceptance_rate", "alpha", "mean_accepted_length", "c", "speedup", "theoretical_speedup",
+    "tokens_per_second/autoregressive", "tokens_per_second/speculative",
+]  # fmt: skip
+TEXT_COLUMNS = {"model", "draft", "draft_kind", "target_quantization", "draft_quantization", "method", "dataset",
+                "device", "dtype", "run"}  # fmt: skip
+GROUP = ["draft", "draft_quantization", "temperature"]  # runs that differ only in k
+
+
+def load_runs(folder: Path) -> pd.DataFrame:
+    """One row per summary.json below folder: its config keys and metrics, plus the run folder."""
+    records = []
+    for path in sorted(folder.rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        records.append(
+            {**summary["config"], **summary["metrics"], "run": str(path.parent.relative_to(folder))}
+        )
+    if not records:
+        raise SystemExit(f"no summary.json below {folder}: point the report at a run or multirun folder")
+    runs = pd.DataFrame(records).sort_values(["model", "temperature", "k"], ignore_index=True)
+    runs["draft"] = runs["model"]  # a pair names its drafter
+    numbers = [c for c in runs.columns if c not in TEXT_COLUMNS]
+    runs[numbers] = runs[numbers].apply(pd.to_numeric)  # null (NaN) metrics arrive as None
+    return runs
+
+
+def best_k(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per draft, quantization and temperature: the best measured k, and the k Thm 3.8 predicts."""
+    records = []
+    for (draft, quantization, temperature), group in runs.dropna(subset=["speedup"]).groupby(GROUP):
+        best = group.loc[group["speedup"].idxmax()]
+        alpha, c = group["alpha"].mean(), group["c"].mean()
+        predicted = optimal_k(alpha, c) if not (math.isnan(alpha) or math.isnan(c)) else math.nan
+        records.append(
+            {
+                "draft": draft,
+                "draft_quantization": quantization,
+                "temperature": temperature,
+                "k_tried": ",".join(str(int(k)) for k in sorted(group["k"].unique())),
+                "best_k": int(best["k"]),
+                "speedup_at_best_k": best["speedup"],
+                "alpha": alpha,
+                "c": c,
+                "theory_optimal_k": predicted,
+                "theory_speedup_at_optimal_k": walltime_improvement(alpha, c, predicted)
+                if not math.isnan(predicted)
+                else math.nan,
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """A DataFrame as a GitHub markdown table; floats to 3 decimals, NaN as a dash."""
+
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.3f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(df.columns) + " |", "|---" * len(df.columns) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def report(folder: Path, out: Path | None = None) -> str:
+    """Write the sweep's tables and figures into out (default folder/report); returns report.md."""
+    out = out or folder / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(folder)
+    columns = [c for c in RUN_COLUMNS if c in runs.columns]
+    runs[["run", *columns]].to_csv(out / "runs.csv", index=False)
+    best = best_k(runs)
+    best.to_csv(out / "best_k.csv", index=False)
+    figures = sweep_figures(runs, out)
+    text = (
+        f"# Report: {folder}\n\n{len(runs)} run(s).\n\n## Runs\n\n{markdown(runs[columns])}\n\n"
+        f"## Best k per draft and temperature (measured, and Thm 3.8's optimum for the measured alpha, c)\n\n"
+        f"{markdown(best) if not best.empty else 'No speculative runs.'}\n\n"
+        "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n"
+    )
+    (out / "report.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("folder", type=Path, help="a multirun (sweep) folder or a single run folder")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: <folder>/report)")
+    args = parser.parse_args()
+    print(report(args.folder, args.out))
+
+
+if __name__ == "__main__":
+    main()

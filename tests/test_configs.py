@@ -1,0 +1,206 @@
+"""Every config group option and every experiment file composes; bad values are refused before loading."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+from experiments.prompts import load_prompts
+from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUPS = ("model", "quantization", "dataset", "logger", "experiment")
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def make_cfg(*overrides: str, hydra: bool = False):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def cpu(cfg) -> None:
+    """Hub pairs default to CUDA; validate them as if asked for the CPU."""
+    cfg.device = "cpu"
+
+
+def test_every_group_has_options() -> None:
+    for group in GROUPS:
+        assert options(group), f"conf/{group}/ is empty"
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_option_composes_and_validates(group: str, option: str) -> None:
+    cfg = make_cfg(f"{group}={option}")
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    cpu(cfg)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_experiment_sweep_jobs_compose(experiment: str) -> None:
+    """Each job of an experiment's sweep (hydra.sweeper.params) composes and validates."""
+    cfg = make_cfg(f"experiment={experiment}", hydra=True)
+    params = cfg.hydra.sweeper.params or {}
+    axes = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
+    for job in itertools.product(*axes):
+        job_cfg = make_cfg(f"experiment={experiment}", *job)
+        validate(job_cfg)
+
+
+def test_experiments_state_only_what_changes() -> None:
+    """An experiment file sets a few keys; everything else comes from config.yaml."""
+    base = OmegaConf.to_container(make_cfg(), resolve=True)
+    for experiment in options("experiment"):
+        cfg = OmegaConf.to_container(make_cfg(f"experiment={experiment}"), resolve=True)
+        changed = [key for key in base if base[key] != cfg[key]]
+        assert 0 < len(changed) <= 5, (experiment, changed)
+
+
+def test_article_table_matches_the_article() -> None:
+    cfg = make_cfg("experiment=article_table")
+    assert cfg.max_new_tokens == 200
+    assert cfg.method == "all"
+    assert cfg.dataset.name == "article"
+    assert cfg.dataset.chat is False
+
+
+def test_readme_command_composes() -> None:
+    """`python -m experiments.run model=gemma2 k=4 --cfg job`, exactly as documented."""
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "model=gemma2", "k=4", "--cfg", "job"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = OmegaConf.create(out.stdout)
+    assert job.model.target.name == "google/gemma-2-9b-it"
+    assert job.model.draft.name == "google/gemma-2-2b-it"
+    assert job.k == 4
+
+
+def test_hub_pairs_default_to_cuda_bfloat16_and_mark_gated() -> None:
+    for option in options("model"):
+        cfg = make_cfg(f"model={option}")
+        if cfg.model.target.name.startswith("offline:"):
+            assert cfg.device == "cpu"
+            continue
+        assert (cfg.device, cfg.dtype) == ("cuda", "bfloat16")
+        assert isinstance(cfg.model.target.gated, bool)
+    assert make_cfg("model=gemma2").model.target.gated is True
+    assert make_cfg("model=qwen25").model.target.gated is False
+
+
+def test_unknown_option_lists_the_choices() -> None:
+    with pytest.raises(MissingConfigException, match="smollm2"):
+        make_cfg("model=no_such_pair")
+
+
+BAD = [
+    (["k=0"], "k must be an integer >= 1"),
+    (["k=2.5"], "k must be an integer"),
+    (["temperature=-1"], "temperature must be >= 0"),
+    (["temperature=hot"], "must be numbers"),
+    (["top_p=0"], "top_p must be in"),
+    (["top_p=1.5"], "top_p must be in"),
+    (["top_k=-1"], "top_k must be"),
+    (["max_new_tokens=0"], "max_new_tokens"),
+    (["seed=-1"], "seed"),
+    (["threads=0"], "threads"),
+    (["method=fast"], "choices: speculative, naive, autoregressive, all"),
+    (["quantization.mode=int4"], "choices: none, int8, nf4, fp4"),
+    (["quantization.applies_to=neither"], "choices: target, draft, both"),
+    (["dtype=float64"], "choices: float32, bfloat16, float16"),
+    (["device=tpu"], "choices: cpu, cuda, cuda:N"),
+    (["model.draft.kind=magic"], "choices: model, quantized_copy, truncated_copy, ngram"),
+    (["model.draft.quantization=int3"], "model.draft.quantization"),
+    (["model=smollm2_weak", "model.draft.n_layers=0"], "n_layers"),
+    (["model=smollm2_ngram", "method=naive"], "needs a draft model"),
+    (["logger.mode=sometimes"], "choices: offline, online"),
+    (["dataset.n_prompts=0"], "dataset.n_prompts"),
+    (["dataset.source=ftp"], "choices: json, hub"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_bad_values_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate(make_cfg(*overrides))
+
+
+def test_cuda_refused_without_a_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ConfigError, match="device=cpu"):
+        validate(make_cfg("model=gemma2"))
+
+
+def test_methods_and_quantization_plan() -> None:
+    assert methods_of(make_cfg()) == ["autoregressive", "speculative", "naive"]
+    assert methods_of(make_cfg("model=smollm2_ngram")) == ["autoregressive", "speculative"]
+    assert methods_of(make_cfg("method=naive")) == ["autoregressive", "naive"]
+    assert methods_of(make_cfg("method=autoregressive")) == ["autoregressive"]
+    assert draft_quantization(make_cfg()) == "nf4"  # the pair's own copy
+    assert draft_quantization(make_cfg("quantization=int8")) == "int8"  # the group overrides the copy
+    assert quantization_of(make_cfg("quantization=int8"), "target") == "none"
+    assert quantization_of(make_cfg("quantization=nf4", "quantization.applies_to=both"), "target") == "nf4"
+    assert draft_quantization(make_cfg("model=gemma2", "quantization=nf4")) == "nf4"
+    assert draft_quantization(make_cfg("model=smollm2_ngram", "quantization=nf4")) == "none"
+
+
+def test_bundled_and_article_prompts() -> None:
+    every = load_prompts(make_cfg("dataset.n_per_category=null").dataset)
+    assert len(every) == 28
+    assert len({p.category for p in every}) == 7
+    default = load_prompts(make_cfg().dataset)
+    assert [p.category for p in default] == [
+        "chat", "summarization", "translation", "qa", "math", "code", "retrieval",
+    ]  # fmt: skip
+    article = load_prompts(make_cfg("dataset=article").dataset)
+    assert len(article) == 5
+    assert article[0].text == "The future of artificial intelligence is "
+    two = load_prompts(
+        make_cfg(
+            "dataset.categories=[math,code]", "dataset.n_per_category=null", "dataset.n_prompts=6"
+        ).dataset
+    )
+    assert [p.category for p in two] == ["math"] * 4 + ["code"] * 2
+
+
+def test_unknown_category_lists_the_choices() -> None:
+    with pytest.raises(ConfigError, match="retrieval"):
+        load_prompts(make_cfg("dataset.categories=[poetry]").dataset)
+
+
+def test_hub_dataset_offline_says_what_to_do() -> None:
+    """Without the Hub, a hub dataset fails at once with the offline alternatives in the message."""
+    code = (
+        "from hydra import compose, initialize_config_dir\n"
+        "from experiments.prompts import load_prompts\n"
+        f"with initialize_config_dir({str(CONF)!r}, version_base='1.3'):\n"
+        "    load_prompts(compose('config', overrides=['dataset=mt_bench']).dataset)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "dataset=bundled or dataset=article" in out.stderr
