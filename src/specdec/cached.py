@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -25,6 +26,51 @@ def context_length(model: PreTrainedModel) -> int | None:
     return getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
 
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer that appends in place into a buffer grown by doubling.
+
+    DynamicLayer concatenates, copying the whole cache at every forward (O(L) per step); here a step
+    copies only its new tokens. keys/values are views of the buffer's first `length` positions, so
+    DynamicLayer's crop (a slice) and sequence length still apply unchanged.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.key_buffer = self.value_buffer = None  # (B, H, capacity, D)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if self.key_buffer is None or end > self.key_buffer.shape[-2]:
+            self.key_buffer = grown(self.key_buffer, key_states, length, end)
+            self.value_buffer = grown(self.value_buffer, value_states, length, end)
+        self.key_buffer[..., length:end, :] = key_states
+        self.value_buffer[..., length:end, :] = value_states
+        self.keys = self.key_buffer[..., :end, :]  # (B, H, end, D) views
+        self.values = self.value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def grown(buffer: torch.Tensor | None, new: torch.Tensor, length: int, needed: int) -> torch.Tensor:
+    """A buffer with room for at least 2 * needed positions holding the first `length` of the old one."""
+    shape = (*new.shape[:-2], max(2 * needed, 64), new.shape[-1])
+    fresh = new.new_empty(shape)
+    if buffer is not None and length:
+        fresh[..., :length, :] = buffer[..., :length, :]
+    return fresh
+
+
+def kv_cache(model: PreTrainedModel) -> DynamicCache:
+    """The model's dynamic cache with every plain full-attention layer made a GrowingLayer."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 class CachedLM:
     """One sequence's KV cache for `model`; `length` tokens of the sequence are cached."""
 
@@ -36,7 +82,7 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = kv_cache(self.model)
         self.length = 0
 
     @torch.inference_mode()

@@ -78,5 +78,14 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token id per row."""  # (n, V) -> (n,)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """Draw one token id per row by inverting the CDF: one uniform per row, float64 sums.
+
+    Exact up to float64 rounding, and zero-probability tokens are never drawn. torch.multinomial draws
+    one exponential per vocabulary entry instead: ~3 ms per token for V = 49152 on a CPU core.
+    """  # (n, V) -> (n,)
+    cdf = probs.double().cumsum(dim=-1)  # (n, V)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    total = cdf[:, -1:].contiguous()  # (n, 1)
+    drawn = torch.searchsorted(cdf, u * total, right=True)  # first index with cdf > u * total
+    last_positive = torch.searchsorted(cdf, total)  # first index with cdf >= total
+    return torch.minimum(drawn, last_positive).squeeze(-1)  # u * total rounded up to total would step past V
