@@ -1,0 +1,122 @@
+"""Smoke runs of experiments.run and experiments.report on the offline pair (CPU, a few tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments import run as run_module
+from experiments.report import report
+from experiments.run import run_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = [  # the weak pair loads without quantizing: the fastest pair with all three methods
+    "model=smollm2_weak",
+    "dataset.n_prompts=2",
+    "max_new_tokens=8",
+    "warmup_tokens=2",
+    "threads=1",
+]
+FIGURES = {"tokens_per_second", "acceptance_by_position", "accepted_length", "speedup_vs_theory"}
+
+
+def make_cfg(*overrides: str):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One offline run with W&B offline into a temporary folder, shared by the checks below."""
+    folder = tmp_path_factory.mktemp("run")
+    run_experiment(make_cfg(*SMOKE, "logger=wandb_offline"), folder)
+    return folder
+
+
+def test_run_writes_results_summary_figures_and_wandb(run_dir: Path) -> None:
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 3  # 2 prompts x (target-only, speculative, naive)
+    assert {r["method"] for r in rows} == {"autoregressive", "speculative", "naive"}
+    for name in ("summary.md", "summary.csv", "summary.json", "environment.json"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert {p.stem for p in (run_dir / "figures").glob("*.png")} == FIGURES
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["git_commit"] and env["packages"]["torch"] and env["device_name"]
+
+
+def test_run_summary_has_stable_metric_names(run_dir: Path) -> None:
+    metrics = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    for name in (
+        "acceptance_rate", "mean_accepted_length", "alpha", "speedup", "theoretical_speedup", "c",
+        "tokens_per_second/autoregressive", "tokens_per_second/speculative", "tokens_per_second/naive",
+        "peak_memory_mb/autoregressive", "peak_memory_mb/speculative", "peak_memory_mb/naive",
+    ):  # fmt: skip
+        assert name in metrics, name
+    summary = (run_dir / "summary.md").read_text()
+    assert "naive method" in summary and "| speculative |" in summary
+
+
+def test_greedy_speculative_output_is_the_targets(run_dir: Path) -> None:
+    """At temperature 0 speculative decoding returns exactly the target's greedy text; naive need not."""
+    rows = pd.read_json(run_dir / "results.jsonl", lines=True)
+    by = rows.pivot(index="prompt_id", columns="method", values="text")
+    assert (by["speculative"] == by["autoregressive"]).all()
+    spec = rows[rows["method"] == "speculative"]
+    assert (spec["agreement"] == 1.0).all()
+    naive = rows[rows["method"] == "naive"]
+    assert naive["article_log_likelihood"].notna().all()
+    assert (naive["weights_mb"] > rows[rows["method"] == "autoregressive"]["weights_mb"].max()).all()
+
+
+def test_report_on_a_run(run_dir: Path) -> None:
+    text = report(run_dir)
+    out = run_dir / "report"
+    assert "Best k" in text
+    assert (out / "runs.csv").exists() and (out / "best_k.csv").exists()
+    assert {p.stem for p in out.glob("*.png")} == {"speedup_vs_k", "alpha", "measured_on_theory"}
+
+
+def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C after the first prompt: its rows, a summary from them, and a clean exit code 130."""
+    real = run_module.prompt_rows
+    calls = []
+
+    def interrupt_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "prompt_rows", interrupt_second)
+    with pytest.raises(SystemExit) as stop:
+        run_experiment(make_cfg(*SMOKE, "logger=none"), tmp_path)
+    assert stop.value.code == 130
+    rows = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(rows) == 3  # the first prompt's three methods
+    assert json.loads((tmp_path / "summary.json").read_text())["prompts_done"] == 1
+
+
+def test_cli_sweep_and_report(tmp_path: Path) -> None:
+    """`python -m experiments.run -m k=1,2 ...` then `python -m experiments.report <sweep folder>`."""
+    sweep = tmp_path / "sweep"
+    args = ["model=smollm2_ngram", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2", "threads=1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "-m", "k=1,2", *args, "logger=none", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(list(sweep.glob("*/summary.json"))) == 2
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.report", str(sweep)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    best = pd.read_csv(sweep / "report" / "best_k.csv")
+    assert best["k_tried"].tolist() == ["1,2"]
