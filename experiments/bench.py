@@ -112,12 +112,14 @@ def make_contenders(
             return g.tokens, g.stats.summary()
         return call
 
-    def hf(**kw):
+    def hf(assistant_model: PreTrainedModel | None = None, **config):
         def call(ids, n, seed):
             torch.manual_seed(seed)
+            generation_config = hf_config(target, sampling, n, eos)
+            generation_config.update(**config)
             with torch.inference_mode():
-                out = target.generate(ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=hf_config(target, sampling, n, eos), **kw)
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant_model,
+                                      generation_config=generation_config)
             return out[0, ids.shape[-1]:], None
         return call
 

@@ -96,7 +96,7 @@ class NGramDrafter:
     def rollback(self, length: int) -> None:
         pass
 
-    def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+    def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
         for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
             windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
@@ -105,6 +105,19 @@ class NGramDrafter:
                 start = int(hits[-1]) + n
                 return seq[start : start + k]
         return seq[:0]
+
+    def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        """Up to k tokens: a match's continuation, matched again from its end while it is shorter than k.
+
+        The latest match is often close to the end (a repeating pattern), so its continuation alone is short.
+        """  # seq: (L,) -> (n,), n <= k
+        found = seq[:0]
+        while found.numel() < k:
+            more = self.match(torch.cat([seq, found]), k - found.numel())
+            if not more.numel():
+                break
+            found = torch.cat([found, more])
+        return found
 
     def propose(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
