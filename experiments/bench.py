@@ -18,6 +18,8 @@ import json
 import math
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,11 +59,12 @@ class Prompt:
 
 @dataclass
 class Run:
-    """One contender on one prompt: the new tokens, wall seconds, peak RSS growth, our Stats if any."""
+    """One contender on one prompt: the new tokens, wall seconds, seconds and calls inside each model, our Stats."""
 
     tokens: list[int]
     seconds: float
-    peak_rss_mb: float
+    model_seconds: dict[str, float]
+    model_calls: dict[str, int]
     stats: dict | None = None
 
 
@@ -93,7 +96,7 @@ def fix_assistant_k(draft: PreTrainedModel, k: int) -> None:
 
 def make_contenders(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
+    draft: PreTrainedModel | None,
     *,
     k: int,
     sampling: Sampling,
@@ -101,8 +104,6 @@ def make_contenders(
     max_ngram: int,
 ) -> dict[str, Callable[[torch.Tensor, int, int], tuple[torch.Tensor, dict | None]]]:
     """name -> fn(input_ids (1, L), max_new_tokens, seed) -> (new tokens (n,), our stats summary or None)."""
-    fix_assistant_k(draft, k)
-    drafter = ModelDrafter(draft)
     ngram = NGramDrafter(max_ngram=max_ngram)
 
     def ours(fn, **kw):
@@ -123,57 +124,67 @@ def make_contenders(
             return out[0, ids.shape[-1]:], None
         return call
 
-    return {
+    fns = {
         "ar": ours(lambda ids, **kw: autoregressive_generate(target, ids, **kw)),
         "hf_plain": hf(),
-        "spec_model": ours(lambda ids, **kw: speculative_generate(target, drafter, ids, k=k, **kw)),
-        "hf_assisted": hf(assistant_model=draft),
         "spec_ngram": ours(lambda ids, **kw: speculative_generate(target, ngram, ids, k=k, **kw)),
         "hf_lookup": hf(prompt_lookup_num_tokens=k),
     }
+    if draft is not None:  # None: a memory run of a contender that needs no draft model
+        fix_assistant_k(draft, k)
+        drafter = ModelDrafter(draft)
+        fns["spec_model"] = ours(lambda ids, **kw: speculative_generate(target, drafter, ids, k=k, **kw))
+        fns["hf_assisted"] = hf(assistant_model=draft)
+    return {name: fns[name] for name in CONTENDERS if name in fns}
 
 
 # ---------------------------------------------------------------------------- measurement
 
 
-class PeakRSS:
-    """Peak resident memory of this process during a block, via Linux's resettable high-water mark."""
+class ForwardClock:
+    """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
 
-    def __enter__(self):
-        self.resettable = _reset_peak_rss()
-        self.before = _status_mb("VmRSS")
-        return self
+    Wall time minus this is the loop's own overhead (sampling, acceptance, cache bookkeeping, Python).
+    """
 
-    def __exit__(self, *exc) -> None:
-        peak = _status_mb("VmHWM") if self.resettable else float("nan")
-        self.peak_mb = peak
-        self.growth_mb = peak - self.before
+    def __init__(self, models: dict[str, torch.nn.Module]):
+        self.seconds = dict.fromkeys(models, 0.0)
+        self.calls = dict.fromkeys(models, 0)
+        self.handles = []
+        for name, model in models.items():
+            self.handles.append(model.register_forward_pre_hook(lambda *_, n=name: self._start(n)))
+            self.handles.append(model.register_forward_hook(lambda *_, n=name: self._stop(n)))
+
+    def _start(self, name: str) -> None:
+        self.started = time.perf_counter()
+
+    def _stop(self, name: str) -> None:
+        self.seconds[name] += time.perf_counter() - self.started
+        self.calls[name] += 1
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.calls = dict.fromkeys(self.calls, 0)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_mb(field: str) -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def timed(fn, ids: torch.Tensor, n: int, seed: int) -> Run:
-    with PeakRSS() as mem:
-        start = time.perf_counter()
-        tokens, stats = fn(ids, n, seed)
-        seconds = time.perf_counter() - start
-    return Run(tokens.tolist(), seconds, mem.growth_mb, stats)
+def timed(fn, ids: torch.Tensor, n: int, seed: int, clock: ForwardClock) -> Run:
+    clock.reset()
+    start = time.perf_counter()
+    tokens, stats = fn(ids, n, seed)
+    seconds = time.perf_counter() - start
+    return Run(tokens.tolist(), seconds, dict(clock.seconds), dict(clock.calls), stats)
 
 
 @torch.inference_mode()
@@ -237,6 +248,7 @@ def run_bench(
     fns = {name: fn for name, fn in make_contenders(
         target, draft, k=k, sampling=sampling, eos=eos, max_ngram=max_ngram).items() if name in contenders}
     names = list(fns)
+    clock = ForwardClock({"target": target, "draft": draft})
     for name in names:  # warm-up, excluded: first calls allocate, build kernels and caches
         fns[name](prompts[0].ids, min(8, max_new_tokens), seed)
     runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
@@ -244,9 +256,10 @@ def run_bench(
         for j, prompt in enumerate(prompts):
             shift = (rep * len(prompts) + j) % len(names)
             for name in names[shift:] + names[:shift]:  # round-robin start: no contender always runs first
-                run = timed(fns[name], prompt.ids, max_new_tokens, seed + rep)
+                run = timed(fns[name], prompt.ids, max_new_tokens, seed + rep, clock)
                 runs[name][prompt.id].append(run)
                 log(f"rep {rep} {prompt.id:16s} {name:12s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
+    clock.remove()
     result = {
         "settings": {"k": k, "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "max_new_tokens": max_new_tokens, "repetitions": repetitions, "seed": seed,
@@ -264,6 +277,7 @@ def run_bench(
 def contender_figures(per_prompt: dict[str, list[Run]], prompts: list[Prompt]) -> dict:
     """Throughput per repetition (all prompts pooled), per category, per prompt; memory; our stats pooled."""
     reps = len(next(iter(per_prompt.values())))
+    runs = [r for rs in per_prompt.values() for r in rs]
 
     def pooled(ids: list[str]) -> list[float]:  # tokens/s of each repetition over the given prompts
         return [sum(len(per_prompt[i][r].tokens) for i in ids) / sum(per_prompt[i][r].seconds for i in ids)
@@ -274,9 +288,11 @@ def contender_figures(per_prompt: dict[str, list[Run]], prompts: list[Prompt]) -
         "tokens_per_second": summarize(pooled([p.id for p in prompts])),
         "by_category": {c: summarize(pooled([p.id for p in prompts if p.category == c])) for c in categories},
         "by_prompt": {p.id: {"tokens": len(per_prompt[p.id][0].tokens), **summarize(pooled([p.id]))} for p in prompts},
-        "peak_rss_growth_mb": max(r.peak_rss_mb for rs in per_prompt.values() for r in rs),
+        "model_forward_share": sum(sum(r.model_seconds.values()) for r in runs) / sum(r.seconds for r in runs),
+        "forwards_per_token": {m: sum(r.model_calls[m] for r in runs) / sum(len(r.tokens) for r in runs)
+                               for m in runs[0].model_calls},
     }
-    stats = [r.stats for rs in per_prompt.values() for r in rs if r.stats]
+    stats = [r.stats for r in runs if r.stats]
     if stats:
         def total(key):
             return sum(s[key] for s in stats)
@@ -301,6 +317,12 @@ def cost_figures(target: PreTrainedModel, draft: PreTrainedModel, prefix: torch.
             "c": draft_ms / target_ms, "target_verify_ms_by_k": verify_ms}
 
 
+def decode_rate(figures: dict) -> float:
+    """Tokens per second after the prefill, from our Stats pooled over every run."""
+    seconds = figures["stats"]["seconds"]
+    return figures["stats"]["emitted"] / (seconds["total"] - seconds["prefill"])
+
+
 def ratios(result: dict) -> dict:
     """The headline ratios (higher is better) and the Thm 3.8 comparison."""
     c = result["contenders"]
@@ -320,8 +342,10 @@ def ratios(result: dict) -> dict:
         theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)
         verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
         refined = expected_tokens_per_pass(min(alpha, 1.0), k) / (k * cost["c"] + verify_ratio)
+        decode = decode_rate(c["spec_model"]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
         out.update(spec_model_vs_ar=speedup, alpha=alpha, c=cost["c"], theory_speedup=theory,
-                   efficiency_vs_theory=speedup / theory, theory_speedup_with_verify_cost=refined,
+                   efficiency_vs_theory=speedup / theory, spec_model_vs_ar_decode_only=decode,
+                   efficiency_vs_theory_decode_only=decode / theory, theory_speedup_with_verify_cost=refined,
                    efficiency_vs_theory_with_verify_cost=speedup / refined)
     out["spec_ngram_vs_ar"] = tps("spec_ngram") / tps("ar")
     for category in ("summarization", "retrieval"):
@@ -341,14 +365,18 @@ def markdown(result: dict) -> str:
     head = (f"k={s['k']}, temperature={s['temperature']}, max_new_tokens={s['max_new_tokens']}, "
             f"repetitions={s['repetitions']}, prompts={len(s['prompts'])}")
     lines = [head, "",
-             "| contender | tok/s median | min | max | peak RSS growth (MB) | mean accepted length | alpha |",
-             "|---|---|---|---|---|---|---|"]
+             ("| contender | tok/s median | min | max | time in model forwards | target / draft forwards per token "
+             "| mean accepted length | alpha | peak RSS (MB) |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, f in result["contenders"].items():
         t, st = f["tokens_per_second"], f.get("stats") or {}
         mal = st.get("mean_accepted_length")
         alpha = st.get("alpha")
-        lines.append(f"| {name} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | {f['peak_rss_growth_mb']:.0f} | "
-                     f"{'' if mal is None else f'{mal:.2f}'} | {'' if alpha is None else f'{alpha:.3f}'} |")
+        fpt = " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values())
+        rss = result.get("memory", {}).get(name, {}).get("peak_rss_mb")
+        lines.append(f"| {name} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
+                     f"{100 * f['model_forward_share']:.0f}% | {fpt} | {'' if mal is None else f'{mal:.2f}'} | "
+                     f"{'' if alpha is None else f'{alpha:.3f}'} | {'' if rss is None else f'{rss:.0f}'} |")
     lines += ["", "| ratio | value | target | met |", "|---|---|---|---|"]
     for key, value in result["ratios"].items():
         goal = TARGETS.get(key)
@@ -405,7 +433,8 @@ def run_scaling(
 ) -> dict:
     """Milliseconds per generated token vs max_new_tokens and vs prompt length (EOS ignored), with the model's own step cost."""
     fns = make_contenders(target, draft, k=k, sampling=GREEDY, eos=None, max_ngram=3)
-    names = ["ar", "hf_plain", "spec_model", "spec_ngram"]
+    names = ["ar", "hf_plain", "spec_ngram"]  # spec_model runs the same loop code as spec_ngram, slower
+    clock = ForwardClock({"target": target})
     for name in names:
         fns[name](prompt, 4, seed)
 
@@ -413,7 +442,7 @@ def run_scaling(
         r = {"prompt_tokens": ids.shape[-1], "new_tokens": n,
              "target_step_ms_at_end": forward_ms(target, torch.cat([ids, filler[:, :n]], dim=-1)[:, : ids.shape[-1] + n], 1, 5)}
         for name in names:
-            run = timed(fns[name], ids, n, seed)
+            run = timed(fns[name], ids, n, seed, clock)
             r[f"{name}_ms_per_token"] = 1000 * run.seconds / len(run.tokens)
             log(f"scaling L={ids.shape[-1]} n={n} {name} {r[f'{name}_ms_per_token']:.1f} ms/token")
         return r
@@ -434,6 +463,28 @@ def scaling_markdown(result: dict) -> str:
                   for r in rows]
         lines.append("")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+def memory_of(contender: str, args: argparse.Namespace) -> dict:
+    """Peak RSS of a fresh process that loads only what `contender` needs and runs it once on the first prompt."""
+    cmd = [sys.executable, "-m", "experiments.bench", "--memory-of", contender, "--model", args.model,
+           "--draft", args.draft, "--prompts", str(args.prompts), "--categories", args.categories,
+           "--k", str(args.k), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_memory_of(contender: str, target: PreTrainedModel, draft: PreTrainedModel | None, prompt: Prompt,
+                  args: argparse.Namespace, eos: int | None) -> dict:
+    loaded = peak_rss_mb()
+    Path("/proc/self/clear_refs").write_text("5")  # restart the high-water mark after loading
+    after_load = peak_rss_mb()
+    fn = make_contenders(target, draft, k=args.k, sampling=GREEDY, eos=eos, max_ngram=args.max_ngram)[contender]
+    fn(prompt.ids, args.max_new_tokens, args.seed)
+    return {"peak_rss_mb": peak_rss_mb(), "rss_after_loading_mb": after_load, "peak_while_loading_mb": loaded}
 
 
 # ---------------------------------------------------------------------------- command line
@@ -463,7 +514,7 @@ def load_draft(name: str, draft: str) -> PreTrainedModel:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=OFFLINE, help="target (hub id, folder or offline asset), fp32")
-    ap.add_argument("--draft", default="nf4-bf16", help="draft built from the target: nf4 | nf4-bf16 | bf16")
+    ap.add_argument("--draft", default="nf4", help="draft built from the target: nf4 | nf4-bf16 | bf16")
     ap.add_argument("--prompts", type=Path, default=Path("data/prompts.jsonl"))
     ap.add_argument("--categories", default="summarization,retrieval,code,qa", help="comma-separated")
     ap.add_argument("--per-category", type=int, default=1, help="prompts per category")
@@ -475,6 +526,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     ap.add_argument("--scaling", action="store_true", help="run the scaling study instead of the comparison")
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-contender memory subprocesses")
+    ap.add_argument("--memory-of", choices=CONTENDERS, help=argparse.SUPPRESS)  # internal: one memory run
     ap.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/<timestamp>)")
     return ap.parse_args(argv)
 
@@ -488,8 +541,12 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")
     tokenizer = load_tokenizer(args.model)
     target = load_model(args.model)
-    draft = load_draft(args.model, args.draft)
+    needs_draft = args.memory_of in (None, "spec_model", "hf_assisted")
+    draft = load_draft(args.model, args.draft) if needs_draft else None
     prompts = load_prompts(args.prompts, tokenizer, args.categories.split(","), args.per_category)
+    if args.memory_of:
+        print(json.dumps(run_memory_of(args.memory_of, target, draft, prompts[0], args, tokenizer.eos_token_id)))
+        return {}
     sampling = Sampling(temperature=args.temperature) if args.temperature > 0 else GREEDY
     print(f"writing to {out}", flush=True)
     if args.scaling:
@@ -497,15 +554,17 @@ def main(argv: list[str] | None = None) -> dict:
         result = run_scaling(target, draft, prompts[0].ids, k=args.k, lengths=[128, 256, 512, 1024],
                              prompt_lengths=[128, 512, 1024], filler=filler, seed=args.seed, log=print)
         result["machine"] = machine()
-        result["command"] = "python -m experiments.bench " + " ".join(argv or __import__("sys").argv[1:])
+        result["command"] = "python -m experiments.bench " + " ".join(argv or sys.argv[1:])
         write(result, out, "scaling", scaling_markdown(result))
         return result
     result = run_bench(target, draft, prompts, k=args.k, sampling=sampling, max_new_tokens=args.max_new_tokens,
                        repetitions=args.repetitions, seed=args.seed, eos=tokenizer.eos_token_id,
                        max_ngram=args.max_ngram, log=lambda s: print(s, flush=True))
     result["settings"].update(model=args.model, draft=args.draft)
+    if not args.no_memory:
+        result["memory"] = {name: memory_of(name, args) for name in CONTENDERS}
     result["machine"] = machine()
-    result["command"] = "python -m experiments.bench " + " ".join(argv or __import__("sys").argv[1:])
+    result["command"] = "python -m experiments.bench " + " ".join(argv or sys.argv[1:])
     table = markdown(result)
     write(result, out, "bench", table)
     print(table)
