@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import hydra
@@ -200,6 +202,16 @@ def summarize(run_dir: Path, keys: dict, prompts: list[Prompt], logger, greedy: 
     return table
 
 
+def interrupt_on_sigterm() -> None:
+    """Treat SIGTERM (a scheduler stopping the job) like Ctrl-C: keep results, close the W&B run."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> pd.DataFrame | None:
     """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table."""
     validate(cfg)
@@ -216,6 +228,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     name = f"{keys['model']}-{keys['draft_quantization']}-k{cfg.k}-T{keys['temperature']:g}"
     logger = make_logger(cfg.logger, run_dir, config, name)
     interrupted, done = False, 0
+    interrupt_on_sigterm()
     try:
         warm_up(prompts[0], pair, cfg, sampling, methods)
         for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
