@@ -431,7 +431,11 @@ def run_scaling(
     seed: int = 0,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Milliseconds per generated token vs max_new_tokens and vs prompt length (EOS ignored), with the model's own step cost."""
+    """Milliseconds per generated token vs max_new_tokens and vs prompt length (EOS ignored).
+
+    Next to each loop's wall time per token: its time outside the model's forwards (the loop's own cost,
+    which must not grow with the length) and the target's one-token step at the final context.
+    """
     fns = make_contenders(target, draft, k=k, sampling=GREEDY, eos=None, max_ngram=3)
     names = ["ar", "hf_plain", "spec_ngram"]  # spec_model runs the same loop code as spec_ngram, slower
     clock = ForwardClock({"target": target})
@@ -444,6 +448,8 @@ def run_scaling(
         for name in names:
             run = timed(fns[name], ids, n, seed, clock)
             r[f"{name}_ms_per_token"] = 1000 * run.seconds / len(run.tokens)
+            outside = run.seconds - sum(run.model_seconds.values())  # the loop's own time, load-robust
+            r[f"{name}_overhead_ms_per_token"] = 1000 * outside / len(run.tokens)
             log(f"scaling L={ids.shape[-1]} n={n} {name} {r[f'{name}_ms_per_token']:.1f} ms/token")
         return r
 
