@@ -338,7 +338,7 @@ def ratios(result: dict) -> dict:
     speedup = tps("spec_model") / tps("ar")
     alpha = (c.get("spec_model", {}).get("stats") or {}).get("alpha")
     cost = result["costs"]
-    if alpha is not None:
+    if alpha is not None and "ar" in c:
         theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)
         verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
         refined = expected_tokens_per_pass(min(alpha, 1.0), k) / (k * cost["c"] + verify_ratio)
@@ -531,6 +531,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run")
     ap.add_argument("--scaling", action="store_true", help="run the scaling study instead of the comparison")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-contender memory subprocesses")
     ap.add_argument("--memory-of", choices=CONTENDERS, help=argparse.SUPPRESS)  # internal: one memory run
@@ -565,10 +566,11 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     result = run_bench(target, draft, prompts, k=args.k, sampling=sampling, max_new_tokens=args.max_new_tokens,
                        repetitions=args.repetitions, seed=args.seed, eos=tokenizer.eos_token_id,
-                       max_ngram=args.max_ngram, log=lambda s: print(s, flush=True))
+                       max_ngram=args.max_ngram, contenders=tuple(args.contenders.split(",")),
+                       log=lambda s: print(s, flush=True))
     result["settings"].update(model=args.model, draft=args.draft)
     if not args.no_memory:
-        result["memory"] = {name: memory_of(name, args) for name in CONTENDERS}
+        result["memory"] = {name: memory_of(name, args) for name in result["contenders"]}
     result["machine"] = machine()
     result["command"] = "python -m experiments.bench " + " ".join(argv or sys.argv[1:])
     table = markdown(result)
