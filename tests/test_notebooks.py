@@ -1,0 +1,30 @@
+"""Every notebook runs top to bottom in its fast setting (SPECDEC_FAST=1), as a reader would run it.
+
+The kernel is this interpreter (jupyter_client maps the kernel spec's `python` to sys.executable),
+started in notebooks/ like JupyterLab does. Each notebook's own asserts are the checks.
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NAMES = ["01_derivation", "02_article_vs_speculative", "03_results"]
+
+
+def test_every_notebook_is_listed():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == NAMES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_in_fast_mode(name, monkeypatch):
+    monkeypatch.setenv("SPECDEC_FAST", "1")  # the kernel inherits the environment
+    monkeypatch.delenv("SPECDEC_RESULTS", raising=False)  # 03 makes its own small sweep
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(
+        notebook, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
+    client.execute()  # raises CellExecutionError, with the failing cell, on any error or failed assert
