@@ -118,6 +118,7 @@ def speedup_vs_k(runs: pd.DataFrame, path: Path) -> Path:
     ax.axhline(1.0, color="gray", lw=1)
     ax.set(xlabel="k (draft tokens per round)", ylabel="speedup over target-only")
     ax.set_title("Speedup against k")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
     return save(fig, path)
 
 
@@ -128,17 +129,19 @@ def alpha_vs_temperature(runs: pd.DataFrame, path: Path) -> Path:
                  ax=ax, errorbar=None)  # fmt: skip
     ax.set(xlabel="temperature", ylabel="alpha (mean sum min(p, q))", ylim=(0, 1.05))
     ax.set_title("Alpha against temperature and quantization")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
     return save(fig, path)
 
 
 def measured_on_theory(runs: pd.DataFrame, path: Path) -> Path:
     """Sweep: measured speedups as points on Thm 3.8 curves drawn from each group's mean alpha and c."""
     temperatures = sorted(runs["temperature"].unique())
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(6.5 * len(temperatures), 4.5), squeeze=False)
     k_max = max(8, int(runs["k"].max()))
+    colors = dict(zip(sorted(runs["draft"].unique()), sns.color_palette()))
     for ax, temperature in zip(axes[0], temperatures):
-        at_t = runs[runs["temperature"] == temperature]
-        for color, (draft, group) in zip(sns.color_palette(), at_t.groupby("draft")):
+        for draft, group in runs[runs["temperature"] == temperature].groupby("draft"):
+            color = colors[draft]
             alpha, c = group["alpha"].mean(), group["c"].mean()
             theory_curve(
                 ax, alpha, c, k_max, color=color, label=f"{draft}: theory (alpha {alpha:.2f}, c {c:.2f})"
@@ -146,7 +149,7 @@ def measured_on_theory(runs: pd.DataFrame, path: Path) -> Path:
             ax.plot(group["k"], group["speedup"], "o", color=color, label=f"{draft}: measured")
         ax.axhline(1.0, color="gray", lw=1)
         ax.set(xlabel="k", ylabel="speedup over target-only", title=f"temperature {temperature:g}")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     return save(fig, path)
 
 

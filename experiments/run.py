@@ -42,6 +42,7 @@ from .summary import markdown, method_table, naive_sentence, run_metrics
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
+logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # one int8 cast warning per forward
 LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at")  # per-round detail kept for the figures
 
 
