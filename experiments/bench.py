@@ -349,7 +349,8 @@ def ratios(result: dict) -> dict:
                    efficiency_vs_theory_with_verify_cost=speedup / refined)
     out["spec_ngram_vs_ar"] = tps("spec_ngram") / tps("ar")
     for category in ("summarization", "retrieval"):
-        best = max(tps("spec_model", category), tps("spec_ngram", category))
+        rates = [tps(name, category) for name in ("spec_model", "spec_ngram")]
+        best = max((r for r in rates if not math.isnan(r)), default=float("nan"))
         out[f"best_drafter_vs_ar_{category}"] = best / tps("ar", category)
     return out
 
