@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from specdec import GREEDY, ModelDrafter, NGramDrafter, Sampling, autoregressive_generate, speculative_generate
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    NGramDrafter,
+    Sampling,
+    autoregressive_generate,
+    speculative_generate,
+)
 from specdec.models import check_tokenizers, layer_truncated_copy, load_model, quantization_config, resolve
 from specdec.tiny import tiny_model
 
@@ -14,7 +21,7 @@ def target():
 
 
 def spec(target, ids, **kw):
-    args = dict(k=3, sampling=GREEDY, max_new_tokens=4) | kw
+    args = {"k": 3, "sampling": GREEDY, "max_new_tokens": 4} | kw
     return speculative_generate(target, ModelDrafter(target), ids, **args)
 
 

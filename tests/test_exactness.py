@@ -10,7 +10,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec import GREEDY, ModelDrafter, NGramDrafter, Sampling, autoregressive_generate, speculative_generate
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    NGramDrafter,
+    Sampling,
+    autoregressive_generate,
+    speculative_generate,
+)
 from specdec.naive import draft_then_score
 from specdec.toy import sequence_distribution, sequence_index
 

@@ -57,8 +57,10 @@ def test_mixed_acceptance_is_exercised():
 
 
 PROMPTS = [
-    "Summarize in one sentence: The committee met on Tuesday to review the budget. After a long debate, "
-    "the committee approved the budget with two changes to the maintenance line.",
+    (
+        "Summarize in one sentence: The committee met on Tuesday to review the budget. After a long debate, "
+        "the committee approved the budget with two changes to the maintenance line."
+    ),
     "What is the capital of France? Answer in one word.",
     "Write a Python function that returns the square of a number.",
 ]

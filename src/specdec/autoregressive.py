@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 from .cached import CachedLM
 from .checks import check_generation_args
 from .metrics import Generation, Stats
-from .sampling import Sampling, probabilities, sample
+from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet
 from .timing import stopwatch
 
@@ -17,7 +17,7 @@ def autoregressive_generate(
     target: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = DEFAULT_SAMPLING,
     max_new_tokens: int = 64,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,

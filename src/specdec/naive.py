@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .autoregressive import autoregressive_generate
 from .metrics import Generation
 from .quality import continuation_log_probs, token_log_probs
-from .sampling import Sampling
+from .sampling import DEFAULT_SAMPLING, Sampling
 from .timing import stopwatch
 
 
@@ -42,7 +42,7 @@ def draft_then_score(
     draft_model: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = DEFAULT_SAMPLING,
     max_new_tokens: int = 64,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,

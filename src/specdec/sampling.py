@@ -40,6 +40,7 @@ class Sampling:
 
 
 GREEDY = Sampling(temperature=0.0)
+DEFAULT_SAMPLING = Sampling()  # temperature 1, no truncation
 
 
 def keep_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from .cached import CachedLM
 from .checks import check_generation_args
 from .drafters import Drafter
 from .metrics import Generation, Stats
-from .sampling import Sampling, probabilities, sample
+from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
 
@@ -63,7 +63,7 @@ def speculative_generate(
     input_ids: torch.Tensor,
     *,
     k: int = 4,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = DEFAULT_SAMPLING,
     max_new_tokens: int = 64,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,

@@ -10,7 +10,7 @@ class EosSet:
 
     def __init__(self, eos_token_id: int | list[int] | None):
         ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
-        self.ids = set(int(i) for i in ids)
+        self.ids = {int(i) for i in ids}
 
     def ended(self, new: torch.Tensor) -> bool:
         """Whether the last of the new tokens (n,) ends the sequence."""

@@ -9,14 +9,15 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers import (
-    GemmaConfig,
+    AutoModelForCausalLM,
     Gemma2Config,
+    GemmaConfig,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    PreTrainedModel,
     Qwen2Config,
 )
 
@@ -25,10 +26,12 @@ ARCHITECTURES = ("llama", "gemma", "gemma2", "mistral", "mixtral", "gpt_neox", "
 
 def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6):
     """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window."""
-    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=256, bos_token_id=0, eos_token_id=None,
-                  pad_token_id=None, tie_word_embeddings=False)
-    decoder = dict(common, num_key_value_heads=2)
+    common = {
+        "vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": n_layers, "num_attention_heads": 4,
+        "intermediate_size": 64, "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": None,
+        "pad_token_id": None, "tie_word_embeddings": False,
+    }
+    decoder = {**common, "num_key_value_heads": 2}
     if arch == "llama":
         return LlamaConfig(**decoder)
     if arch == "gemma":
