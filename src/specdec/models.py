@@ -103,7 +103,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same conversion first
+        shutil.rmtree(tmp)
+        if not (out / "config.json").exists():
+            raise
 
 
 def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
