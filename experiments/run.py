@@ -42,7 +42,8 @@ from .summary import markdown, method_table, naive_sentence, run_metrics
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
-logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)  # one int8 cast warning per forward
+# bitsandbytes int8 warns about a dtype cast on every forward pass
+logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at")  # per-round detail kept for the figures
 
 
