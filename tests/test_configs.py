@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
+from experiments.pair import offline_pairs, pair_key, warn_if_gated
 from experiments.prompts import load_prompts
 from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
 
@@ -204,3 +205,21 @@ def test_hub_dataset_offline_says_what_to_do() -> None:
     )
     assert out.returncode != 0
     assert "dataset=bundled or dataset=article" in out.stderr
+
+
+def test_sweep_jobs_share_a_pair_when_the_weights_are_the_same() -> None:
+    assert pair_key(make_cfg("quantization=none")) == pair_key(
+        make_cfg("quantization=nf4", "k=8", "temperature=1")
+    )
+    assert pair_key(make_cfg("quantization=none")) != pair_key(make_cfg("quantization=int8"))
+    assert pair_key(make_cfg()) != pair_key(make_cfg("model=smollm2_ngram"))
+
+
+def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    warn_if_gated(make_cfg("model=gemma2").model.target)
+    assert "hf auth login" in caplog.text
+    assert "smollm2" in caplog.text  # names the offline pairs
+    assert offline_pairs() == ["smollm2", "smollm2_int8", "smollm2_ngram", "smollm2_weak"]
