@@ -222,6 +222,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     sampling, methods = sampling_of(cfg), methods_of(cfg)
     prompts = load_prompts(cfg.dataset)
     pair = load_pair_once(cfg)
+    if pair.target_quantization != "none":
+        log.warning(
+            "the target is %s-quantized: its logits depend on the other tokens in a forward pass, so "
+            "speculative decoding reproduces its step-by-step output only approximately (see agreement)",
+            pair.target_quantization,
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment(str(cfg.device))
     (run_dir / "environment.json").write_text(json.dumps(env, indent=2))
