@@ -37,6 +37,11 @@ SHAPES = {  # public architecture shapes; weights are random
     "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                   "rope_theta": 500000.0, "tie_word_embeddings": True},
+    # --dry-run: the same code path on the CPU with toy shapes, to check the script before spending GPU time
+    "tiny-target": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": False},
+    "tiny-draft": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True},
 }
 
 
@@ -141,14 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512, help="prompt tokens (random ids)")
     ap.add_argument("--new-tokens", type=int, default=128, help="generated tokens per loop run (EOS ignored)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, interleaved")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="toy shapes on the CPU: checks the whole script in seconds; its numbers mean nothing")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: experiments/gpu_bench.py measures GPU costs and needs one; nothing measured")
+    if not (torch.cuda.is_available() or args.dry_run):
+        print("no CUDA device: experiments/gpu_bench.py measures GPU costs and needs one; nothing measured "
+              "(--dry-run checks the script on the CPU)")
         return 0
+    device = "cpu" if args.dry_run else "cuda"
+    shapes = ("tiny-target", "tiny-draft") if args.dry_run else ("llama3-8b", "llama3-1b")
     out = args.out or Path("bench_out") / datetime.now().strftime("gpu-%Y%m%d-%H%M%S")
-    target, draft = random_llama("llama3-8b", "cuda"), random_llama("llama3-1b", "cuda")
-    prompt = torch.randint(0, 128000, (1, args.context), generator=torch.Generator().manual_seed(0)).cuda()
-    r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+    target, draft = random_llama(shapes[0], device), random_llama(shapes[1], device)
+    vocab = SHAPES[shapes[0]]["vocab_size"]
+    prompt = torch.randint(0, vocab, (1, args.context), generator=torch.Generator().manual_seed(0)).to(device)
+    name = "cpu (dry run, toy shapes)" if args.dry_run else torch.cuda.get_device_name()
+    r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
          "torch": torch.__version__, "transformers": transformers.__version__, "command": " ".join(sys.argv),
          "context": args.context, "k": args.k, "new_tokens": args.new_tokens}
     r["target_step_ms"] = step_ms(target, prompt, 1)
@@ -157,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     r["verify_ms_by_k"] = {k: step_ms(target, prompt, k + 1) for k in (1, 2, 4, 8, 16)}
     print(json.dumps(r, indent=1), flush=True)
     r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
-    r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_bench.json").write_text(json.dumps(r, indent=2) + "\n")
     (out / "gpu_bench.md").write_text(markdown(r))

@@ -73,3 +73,15 @@ def test_gpu_bench_exits_cleanly_without_cuda():
     assert done.returncode == 0
     assert "no CUDA" in done.stdout
     assert gpu_bench.main is not None
+
+
+def test_gpu_bench_dry_run_on_cpu(tmp_path):
+    """The GPU script's whole path on toy shapes, so a GPU session does not spend device time on a bug."""
+    assert gpu_bench.main(["--dry-run", "--context", "12", "--new-tokens", "6", "--repeats", "1",
+                           "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert set(result["verify_ms_by_k"]) == {"1", "2", "4", "8", "16"}
+    assert set(result["loops"]["tokens_per_second"]) == {
+        "ar", "hf_plain", "spec_self", "hf_assisted_self", "spec_1b", "hf_assisted_1b"}
+    assert result["loops"]["identical_to_ar"]["hf_plain"]
+    assert (tmp_path / "gpu_bench.md").read_text().startswith(result["date"])
