@@ -33,6 +33,7 @@ def position_rates(rows: pd.DataFrame) -> pd.DataFrame:
         stats = Stats(
             drafted_at=list(row["drafted_at"]),
             accepted_at=list(row["accepted_at"]),
+            reached_at=list(row["reached_at"]),
             accepted_per_round=list(row["accepted_per_round"]),
         )
         for i, rate in enumerate(stats.acceptance_by_position):

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
 # bitsandbytes int8 warns about a dtype cast on every forward pass
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
-LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at")  # per-round detail kept for the figures
+LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at", "reached_at")  # per-round detail kept for the figures
 
 
 def generate(

@@ -78,3 +78,15 @@ def test_offline_pair_greedy_equals_target_greedy(smollm2, prompt):
     for drafter in (ModelDrafter(draft), NGramDrafter()):
         out = speculative_generate(target, drafter, ids, k=4, sampling=GREEDY, max_new_tokens=24, eos_token_id=eos)
         assert torch.equal(out.tokens, reference), type(drafter).__name__
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "qwen2"])
+@pytest.mark.parametrize("k", [5, 8])
+def test_one_token_prompt_with_verification_longer_than_the_window(arch, k):
+    """No prefill, so the first verification pass (k + 1 >= window 6) must already record past states."""
+    target = tiny_model(arch, seed=0, scale=4.0, vocab_size=16)
+    prompt = torch.tensor([[0]])
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.5)), prompt, k=k, sampling=GREEDY,
+                               max_new_tokens=20)
+    assert torch.equal(out.tokens, hf_greedy(target, prompt, 20))
+    assert out.stats.accepted < out.stats.drafted  # rejections, hence crops, happened

@@ -116,3 +116,18 @@ def test_rounds_on_fixed_distributions_emit_expected_tokens():
     k, rounds = 3, 20000
     emitted = sum(fixed_round(p, q, k, g).numel() for _ in range(rounds)) / rounds
     assert emitted == pytest.approx(expected_tokens_per_pass(alpha, k), rel=0.02)
+
+
+def test_acceptance_by_position_counts_only_rounds_that_tested_the_position(pair):
+    """Short last rounds (budget) and short n-gram drafts must not count as reaching a position."""
+    target, _ = pair
+    prompt = torch.tensor([[0, 4, 2]])
+    out = speculative_generate(target, ModelDrafter(target), prompt, k=4, sampling=Sampling(0.0), max_new_tokens=12)
+    assert out.stats.accepted_per_round == [4, 4, 1]  # the last round may draft only 1 token
+    assert out.stats.acceptance_by_position == [1.0, 1.0, 1.0, 1.0]
+    assert out.stats.reached_at == [3, 2, 2, 2]
+    ngram = speculative_generate(target, NGramDrafter(), torch.tensor([[0, 4, 2, 0, 4, 2, 0, 4]]), k=3,
+                                 sampling=Sampling(0.0), max_new_tokens=20).stats
+    for i, rate in enumerate(ngram.acceptance_by_position):
+        assert rate == ngram.accepted_at[i] / ngram.reached_at[i]
+        assert ngram.reached_at[i] <= ngram.drafted_at[i]

@@ -84,18 +84,25 @@ class CachedLM:
     def reset(self) -> None:
         self.cache = kv_cache(self.model)
         self.length = 0
+        self.recording = False
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Append tokens (1, n) to the cache; return their next-token logits (n, V), or (1, V) if last_only."""
+        """Append tokens (1, n) to the cache; return their next-token logits (n, V), or (1, V) if last_only.
+
+        A first forward with last_only is the prefill, which is never cropped; every later forward may be,
+        so past recording is switched on before it (a verification pass longer than a sliding window
+        would otherwise drop states a crop needs, e.g. after a one-token prompt).
+        """
+        if self.rollback and not self.recording and not (self.length == 0 and last_only):
+            self.cache.activate_past_recording()
+            self.recording = True
         out = self.model(
             input_ids=tokens.to(self.device),
             cache=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
-        if self.rollback and self.length == 0:
-            self.cache.activate_past_recording()  # after the prefill, as generation/utils.py does
         self.length += tokens.shape[-1]
         return out.logits[0, :, : self.vocab_size]  # (n, V)
 

@@ -18,6 +18,8 @@ class Stats:
 
     A round is one target verification pass; it emits the accepted draft tokens plus one token
     sampled by the target (the resampled token on a rejection, the bonus token otherwise).
+    Draft counters record the algorithm's decisions: when an EOS ends the output inside the accepted
+    tokens, the last round's accepted tokens after it are counted though not emitted.
     """
 
     emitted: int = 0  # new tokens returned (prompt excluded)
@@ -27,6 +29,7 @@ class Stats:
     draft_forwards: int = 0  # draft-model passes after its prefill (0 for model-free drafters)
     drafted_at: list[int] = field(default_factory=list)  # drafted_at[i]: rounds with a draft at position i+1
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: rounds accepting position i+1
+    reached_at: list[int] = field(default_factory=list)  # reached_at[i]: rounds that drafted and tested position i+1
     accepted_per_round: list[int] = field(default_factory=list)  # n accepted in each round
     overlap_sum: float = 0.0  # sum over observed positions of sum_x min(p, q)
     overlap_count: int = 0  # positions in overlap_sum
@@ -34,15 +37,19 @@ class Stats:
     extras: dict[str, float] = field(default_factory=dict)  # method-specific numbers (e.g. naive scores)
 
     def record_round(self, drafted: int, accepted: int, observed: int) -> None:
-        """Add one verification round: `drafted` proposed, `accepted` kept, `observed` positions in the overlap."""
+        """Add one verification round: `drafted` proposed, `accepted` kept, `observed` = min(accepted + 1, drafted)
+        positions tested (those on the output path, also the positions in the overlap)."""
         self.drafted += drafted
         self.accepted += accepted
         self.target_forwards += 1
         grow = max(0, drafted - len(self.drafted_at))
         self.drafted_at += [0] * grow
         self.accepted_at += [0] * grow
+        self.reached_at += [0] * grow
         for i in range(drafted):
             self.drafted_at[i] += 1
+        for i in range(observed):
+            self.reached_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
         self.accepted_per_round.append(accepted)
@@ -66,10 +73,7 @@ class Stats:
     @property
     def acceptance_by_position(self) -> list[float]:
         """P(position i accepted | position i drafted and reached), i = 1..k."""
-        reached = [
-            sum(1 for n in self.accepted_per_round if n >= i) for i in range(len(self.drafted_at))
-        ]
-        return [a / r if r else float("nan") for a, r in zip(self.accepted_at, reached)]
+        return [a / r if r else float("nan") for a, r in zip(self.accepted_at, self.reached_at)]
 
     @property
     def tokens_per_second(self) -> float:
