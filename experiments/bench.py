@@ -38,8 +38,8 @@ from specdec import (
     autoregressive_generate,
     speculative_generate,
 )
-from specdec.cached import CachedLM
 from specdec.metrics import expected_tokens_per_pass, walltime_improvement
+from specdec.timing import forward_ms, stopwatch
 
 HEADLINE = {  # ratio -> (ours, Hugging Face's), tokens/s over tokens/s
     "speedup_vs_hf_assisted": ("spec_model", "hf_assisted"),
@@ -181,26 +181,10 @@ def peak_rss_mb() -> float:
 
 def timed(fn, ids: torch.Tensor, n: int, seed: int, clock: ForwardClock) -> Run:
     clock.reset()
-    start = time.perf_counter()
-    tokens, stats = fn(ids, n, seed)
-    seconds = time.perf_counter() - start
-    return Run(tokens.tolist(), seconds, dict(clock.seconds), dict(clock.calls), stats)
-
-
-@torch.inference_mode()
-def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repeats: int = 9) -> float:
-    """Median milliseconds of one cached forward of n_tokens after prefix (1, L); the cost the theory calls a step."""
-    lm = CachedLM(model)
-    lm.forward(prefix)
-    length = lm.length
-    step = prefix[:, -n_tokens:] if prefix.shape[-1] >= n_tokens else prefix[:, :1].repeat(1, n_tokens)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        lm.forward(step, last_only=False)
-        times.append(time.perf_counter() - start)
-        lm.crop(length)
-    return 1000 * statistics.median(times[1:])
+    wall: dict[str, float] = {}
+    with stopwatch(wall, "run", ids.device):
+        tokens, stats = fn(ids, n, seed)
+    return Run(tokens.tolist(), wall["run"], dict(clock.seconds), dict(clock.calls), stats)
 
 
 def summarize(values: list[float]) -> dict:

@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,8 +26,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
-from specdec.cached import CachedLM
-from specdec.timing import synchronize
+from specdec.timing import forward_ms, stopwatch
 
 SHAPES = {  # public architecture shapes; weights are random
     "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -59,30 +57,11 @@ def random_llama(shape: str, device: str) -> LlamaForCausalLM:
     return model.eval()
 
 
-@torch.inference_mode()
-def step_ms(model, prefix: torch.Tensor, n_tokens: int, repeats: int = 20) -> float:
-    """Median ms of one cached forward over n_tokens after prefix (1, L)."""
-    lm = CachedLM(model)
-    lm.forward(prefix, last_only=True)
-    length = lm.length
-    step = prefix[:, :n_tokens]
-    times = []
-    for _ in range(repeats + 3):
-        synchronize(prefix.device)
-        start = time.perf_counter()
-        lm.forward(step)
-        synchronize(prefix.device)
-        times.append(time.perf_counter() - start)
-        lm.crop(length)
-    return 1000 * statistics.median(times[3:])
-
-
 def timed(fn) -> tuple[float, torch.Tensor]:
-    synchronize()
-    start = time.perf_counter()
-    tokens = fn()
-    synchronize()
-    return time.perf_counter() - start, tokens
+    wall: dict[str, float] = {}
+    with stopwatch(wall, "run"):
+        tokens = fn()
+    return wall["run"], tokens
 
 
 def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -> dict:
@@ -163,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
          "torch": torch.__version__, "transformers": transformers.__version__, "command": " ".join(sys.argv),
          "context": args.context, "k": args.k, "new_tokens": args.new_tokens}
-    r["target_step_ms"] = step_ms(target, prompt, 1)
-    r["draft_step_ms"] = step_ms(draft, prompt, 1)
+    r["target_step_ms"] = forward_ms(target, prompt, 1, repeats=20, warmup=3)
+    r["draft_step_ms"] = forward_ms(draft, prompt, 1, repeats=20, warmup=3)
     r["c"] = r["draft_step_ms"] / r["target_step_ms"]
-    r["verify_ms_by_k"] = {k: step_ms(target, prompt, k + 1) for k in (1, 2, 4, 8, 16)}
+    r["verify_ms_by_k"] = {k: forward_ms(target, prompt, k + 1, repeats=20, warmup=3) for k in (1, 2, 4, 8, 16)}
     print(json.dumps(r, indent=1), flush=True)
     r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
     r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
