@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -20,15 +20,20 @@ def synchronize(device: torch.device | str | None = None) -> None:
 
 
 @contextmanager
-def stopwatch(totals: dict[str, float], key: str, device: torch.device | str | None = None) -> Iterator[None]:
-    """Add the seconds spent inside the block to totals[key]."""
+def stopwatch(
+    totals: dict[str, float],
+    key: str,
+    device: torch.device | str | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[None]:
+    """Add the seconds spent inside the block to totals[key] (clock: a fake one makes tests reproducible)."""
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     try:
         yield
     finally:
         synchronize(device)
-        totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+        totals[key] = totals.get(key, 0.0) + clock() - start
 
 
 @torch.inference_mode()
