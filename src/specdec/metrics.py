@@ -35,6 +35,8 @@ class Stats:
     overlap_count: int = 0  # positions in overlap_sum
     seconds: dict[str, float] = field(default_factory=dict)  # "prefill", "draft", "verify", "total"
     extras: dict[str, float] = field(default_factory=dict)  # method-specific numbers (e.g. naive scores)
+    tree_nodes: list[int] = field(default_factory=list)  # token trees: nodes verified in each round
+    tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
     def record_round(self, drafted: int, accepted: int, observed: int) -> None:
         """Add one verification round: `drafted` proposed, `accepted` kept, `observed` = min(accepted + 1, drafted)
