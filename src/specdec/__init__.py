@@ -1,6 +1,7 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
+from .cost import CostModel
 from .drafters import Draft, Drafter, ModelDrafter, NGramDrafter
 from .metrics import (
     Generation,
@@ -16,6 +17,7 @@ from .speculative import speculative_generate
 
 __all__ = [
     "GREEDY",
+    "CostModel",
     "Draft",
     "Drafter",
     "Generation",

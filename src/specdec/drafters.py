@@ -25,11 +25,19 @@ class Draft:
     q: torch.Tensor
     forwards: int = 0  # draft-model passes spent on this proposal
 
+    @classmethod
+    def empty(cls, vocab_size: int, device: torch.device) -> Draft:
+        """No draft: the round is a plain target step."""
+        return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device))
+
 
 class Drafter(Protocol):
     """What speculative_generate needs from a source of draft tokens."""
 
     vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
+    # How drafting time grows with the draft length, which k="auto" needs (specdec.cost):
+    # "per_token" (one draft-model forward per token) or "per_call" (a lookup: about the same for any length).
+    draft_cost: str
 
     def start(self, prompt: torch.Tensor) -> None:
         """Forget the previous sequence; prompt is (1, L)."""
@@ -46,6 +54,8 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A small causal LM that samples each draft token from its processed distribution q."""
 
+    draft_cost = "per_token"
+
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self.vocab_size = logits_width(model)
@@ -60,7 +70,7 @@ class ModelDrafter:
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
         if k == 0:
-            return Draft(sequence.new_zeros(0), torch.zeros(0, vocab_size, device=sequence.device))
+            return Draft.empty(vocab_size, sequence.device)
         tokens, rows = [], []
         logits = self.lm.advance(sequence, last_only=True)[-1, :vocab_size]  # (V,)
         for i in range(k):
@@ -83,6 +93,7 @@ class NGramDrafter:
     """
 
     vocab_size = None
+    draft_cost = "per_call"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

@@ -35,6 +35,40 @@ class Stats:
     overlap_count: int = 0  # positions in overlap_sum
     seconds: dict[str, float] = field(default_factory=dict)  # "prefill", "draft", "verify", "total"
     extras: dict[str, float] = field(default_factory=dict)  # method-specific numbers (e.g. naive scores)
+    # Draft length per round (k="auto": chosen by specdec.cost.CostModel) and the cost model's prediction
+    # over the rounds it predicted (warm-up excluded) next to what those rounds measured.
+    chosen_k: list[int] = field(default_factory=list)  # draft length chosen in each round (0: plain step)
+    predicted_tokens: float = 0.0  # sum of E(k) over predicted rounds
+    predicted_seconds: float = 0.0  # sum of C(k) over predicted rounds
+    measured_tokens: int = 0  # tokens those rounds produced (accepted + 1, before EOS truncation)
+    measured_seconds: float = 0.0  # their measured draft + verify seconds
+
+    def record_schedule(self, k: int, predicted: tuple[float, float] | None, produced: int,
+                        seconds: dict[str, float]) -> None:
+        """A round's chosen k, the model's (E(k), C(k)) if any, the tokens it produced and its timed seconds."""
+        self.chosen_k.append(k)
+        for key, value in seconds.items():
+            self.seconds[key] = self.seconds.get(key, 0.0) + value
+        if predicted is not None:
+            self.predicted_tokens += predicted[0]
+            self.predicted_seconds += predicted[1]
+            self.measured_tokens += produced
+            self.measured_seconds += sum(seconds.values())
+
+    @property
+    def chosen_k_histogram(self) -> list[int]:
+        """histogram[k]: rounds that chose draft length k."""
+        return torch.bincount(torch.tensor(self.chosen_k, dtype=torch.long)).tolist() if self.chosen_k else []
+
+    @property
+    def predicted_tokens_per_second(self) -> float:
+        """The cost model's expected tokens per second over the rounds it predicted."""
+        return self.predicted_tokens / self.predicted_seconds if self.predicted_seconds else float("nan")
+
+    @property
+    def measured_tokens_per_second(self) -> float:
+        """Tokens per second those same rounds achieved (draft + verify time)."""
+        return self.measured_tokens / self.measured_seconds if self.measured_seconds else float("nan")
     tree_nodes: list[int] = field(default_factory=list)  # token trees: nodes verified in each round
     tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
@@ -95,6 +129,8 @@ class Stats:
             mean_accepted_length=self.mean_accepted_length,
             alpha=self.alpha,
             tokens_per_second=self.tokens_per_second,
+            predicted_tokens_per_second=self.predicted_tokens_per_second,
+            measured_tokens_per_second=self.measured_tokens_per_second,
         )
         return flat
 

@@ -8,6 +8,10 @@ The emitted sequence has exactly the target's distribution.
 
 Both KV caches hold every token of the sequence except the last; a rejection crops them, the
 accepted prefix is never recomputed.
+
+The draft length may change from round to round (k="auto": specdec.cost chooses it from measured
+costs and past acceptance, 0 meaning a plain target step): a round is exact for any k fixed before
+its target distribution is computed, so the output keeps the target's distribution.
 """
 
 from __future__ import annotations
@@ -17,11 +21,21 @@ from transformers import PreTrainedModel
 
 from .cached import CachedLM
 from .checks import check_generation_args
-from .drafters import Drafter
+from .cost import CostModel, draft_length_rule
+from .drafters import Draft, Drafter
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
+
+
+def propose(
+    drafter: Drafter, sequence: torch.Tensor, k: int, sampling: Sampling, vocab: int, generator: torch.Generator | None
+) -> Draft:
+    """Up to k draft tokens after sequence (1, L); k = 0 calls no drafter (the round is a plain target step)."""
+    if k == 0:
+        return Draft.empty(vocab, sequence.device)
+    return drafter.propose(sequence, k, sampling, vocab, generator)
 
 
 def verify(
@@ -53,8 +67,8 @@ def accept(
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor, observed: int) -> torch.Tensor:
-    """sum_x min(p, q) summed over the first `observed` positions (those on the output path)."""
-    return torch.minimum(p[:observed], q[:observed]).sum()
+    """beta_i = sum_x min(p_i, q_i) at the first `observed` positions (those on the output path)."""  # (observed,)
+    return torch.minimum(p[:observed], q[:observed]).sum(dim=-1)
 
 
 def speculative_generate(
@@ -62,14 +76,20 @@ def speculative_generate(
     drafter: Drafter,
     input_ids: torch.Tensor,
     *,
-    k: int = 4,
+    k: int | str | CostModel = 4,
+    k_max: int = 8,
     sampling: Sampling = DEFAULT_SAMPLING,
     max_new_tokens: int = 64,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution."""
-    check_generation_args(target, input_ids, max_new_tokens, k=k)
+    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution.
+
+    k: draft tokens per round (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a
+    CostModel instance is used as given and keeps its measurements across calls.
+    """
+    rule = draft_length_rule(k, k_max, drafter)
+    check_generation_args(target, input_ids, max_new_tokens, k=k if isinstance(k, int) else None)
     eos = EosSet(eos_token_id)
     stats = Stats()
     lm = CachedLM(target)
@@ -82,16 +102,20 @@ def speculative_generate(
                 lm.forward(sequence[:, :-1], last_only=True)
             drafter.start(sequence)
         while stats.emitted < max_new_tokens:
-            k_round = min(k, max_new_tokens - stats.emitted - 1)  # never draft past the budget
-            with stopwatch(stats.seconds, "draft", lm.device):
-                draft = drafter.propose(sequence, k_round, sampling, vocab, generator)
-            with stopwatch(stats.seconds, "verify", lm.device):
+            choice = rule.choose(max_new_tokens - stats.emitted - 1)  # from past rounds; never past the budget
+            spent: dict[str, float] = {}
+            with stopwatch(spent, "draft", lm.device, rule.clock):
+                draft = propose(drafter, sequence, choice.k, sampling, vocab, generator)
+            with stopwatch(spent, "verify", lm.device, rule.clock):
                 p = verify(lm, sequence, draft.tokens, sampling, vocab)  # (n+1, V)
                 n, next_token = accept(p, draft.q, draft.tokens, generator)
             stats.draft_forwards += draft.forwards
             observed = min(n + 1, draft.tokens.numel())
+            betas = overlap(p, draft.q, observed)  # (observed,) stays on the device unless the rule reads it
             stats.record_round(draft.tokens.numel(), n, observed)
-            overlap_total += overlap(p, draft.q, observed)  # stays on the device: no extra sync
+            stats.record_schedule(choice.k, choice.prediction, n + 1, spent)
+            rule.observe(choice.k, draft.tokens.numel(), betas, spent)
+            overlap_total += betas.sum()
             new = truncate_at_eos(torch.cat([draft.tokens[:n], next_token]), eos)
             sequence = torch.cat([sequence, new[None]], dim=-1)
             stats.emitted += new.numel()

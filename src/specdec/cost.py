@@ -1,0 +1,250 @@
+"""How much to speculate: draft lengths chosen each round from costs and acceptance measured online.
+
+Notation of Leviathan et al. (2023): k (their gamma) draft tokens, a_i the probability that draft
+position i is accepted given that positions 1..i-1 were. A round that drafts k tokens emits in
+expectation
+
+    E(k) = sum_{j=0..k} prod_{i<=j} a_i        (E(0) = 1: a plain target step)
+
+tokens and costs C(k) = T_pass(k + 1) + T_draft(k) seconds, with T_pass(w) the time of one target
+pass over w tokens (T_pass(1) is a plain step) and T_draft(k) the time to draft k tokens. Each round
+picks k in 0..k_max maximising E(k) / C(k), the expected tokens per second. This is Leviathan's
+Thm 3.8 with per-position acceptance and the measured pass cost in place of "1".
+
+The rule looks only at earlier rounds (their times and acceptance), never at this round's target
+distribution p, so the emitted sequence keeps the target's distribution: whatever k a round uses,
+speculative sampling with that k is exact, and k is fixed before p is seen.
+
+Every number is measured while generating; nothing is a hard-coded timing constant:
+- T_pass(w): the median of the last `window` passes of width w; an unseen width is read off a
+  least-squares line over the measured widths, never below T_pass(1);
+- T_draft(k): k times the median time per drafted token (`draft_cost="per_token"`, a draft model:
+  each token is one forward), or the median time per call (`draft_cost="per_call"`, prompt lookup:
+  a proposal costs about the same whatever its length);
+- a_i: beta_i = sum_x min(p_i(x), q_i(x)), the probability that position i is accepted given that it
+  is reached (for a deterministic drafter, q_i is one-hot and beta_i = p_i(x_i)), averaged over the
+  rounds that reached position i with weights that decay by `decay` per round; a position with
+  little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`).
+
+Warm-up: the first round is a plain step (measures T_pass(1)); rounds then draft k_max tokens until a
+pass wider than one token and a draft have been timed. Exploration: the decay also shrinks the
+evidence of positions that are no longer drafted, so after a run of plain steps a_1 drifts back
+towards the prior and drafting is tried again (unless drafting is too expensive for any acceptance).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+DraftCost = Literal["per_token", "per_call"]
+DRAFT_COSTS = ("per_token", "per_call")
+
+
+def expected_tokens(acceptance: Sequence[float]) -> float:
+    """E(k) = sum_{j=0..k} prod_{i<=j} a_i for a chain of k = len(acceptance) draft tokens."""
+    total, reach = 1.0, 1.0
+    for a in acceptance:
+        reach *= a
+        total += reach
+    return total
+
+
+def best_draft_length(acceptance: Sequence[float], cost: Callable[[int], float]) -> int:
+    """The k in 0..len(acceptance) maximising E(k) / cost(k); ties go to the shorter draft."""
+    rates = [expected_tokens(acceptance[:k]) / cost(k) for k in range(len(acceptance) + 1)]
+    return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+
+def linear_fit(widths: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of seconds against width (needs two distinct widths)."""
+    mean_w = sum(widths) / len(widths)
+    mean_s = sum(seconds) / len(seconds)
+    var = sum((w - mean_w) ** 2 for w in widths)
+    slope = sum((w - mean_w) * (s - mean_s) for w, s in zip(widths, seconds)) / var
+    return mean_s - slope * mean_w, slope
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A round's draft length, with the model's E(k) and C(k) (None while warming up)."""
+
+    k: int
+    expected_tokens: float | None = None
+    seconds: float | None = None
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        """(E(k), C(k)), or None when the round was not predicted."""
+        return None if self.seconds is None else (self.expected_tokens, self.seconds)
+
+
+class FixedDraftLength:
+    """k draft tokens every round (fewer near the end of the budget): the classical algorithm."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self, limit: int) -> Choice:
+        return Choice(min(self.k, limit))
+
+    def observe(self, k: int, drafted: int, overlaps: torch.Tensor, seconds: dict[str, float]) -> None:
+        pass
+
+
+class CostModel:
+    """Online estimates of pass time by width, draft time and per-position acceptance; picks k per round.
+
+    clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
+    window: recent timings kept per width (median). decay: weight kept by older acceptance evidence per
+    round. prior: a_1 before any evidence (optimistic, so that drafting is tried).
+    """
+
+    def __init__(
+        self,
+        k_max: int = 8,
+        draft_cost: DraftCost = "per_token",
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        window: int = 9,
+        decay: float = 0.9,
+        prior: float = 0.9,
+    ):
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
+        if draft_cost not in DRAFT_COSTS:
+            raise ValueError(f"draft_cost must be one of {DRAFT_COSTS}, got {draft_cost!r}")
+        if not 0.0 < decay <= 1.0 or not 0.0 <= prior <= 1.0 or window < 1:
+            raise ValueError(f"need 0 < decay <= 1, 0 <= prior <= 1, window >= 1; got {decay}, {prior}, {window}")
+        self.k_max = k_max
+        self.draft_cost = draft_cost
+        self.clock = clock
+        self.window = window
+        self.decay = decay
+        self.prior = prior
+        self.pass_times: dict[int, deque[float]] = {}  # width -> recent seconds
+        self.draft_times: deque[float] = deque(maxlen=window)  # seconds per token or per call
+        self.overlap_sum = [0.0] * k_max  # decayed sum of beta_i over rounds that reached position i
+        self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
+
+    # measurements -----------------------------------------------------------------------------------
+
+    def record_pass(self, width: int, seconds: float) -> None:
+        """One target pass over `width` tokens (1: a plain step) took `seconds`."""
+        self.pass_times.setdefault(width, deque(maxlen=self.window)).append(seconds)
+
+    def record_draft(self, tokens: int, seconds: float) -> None:
+        """A drafter call proposing `tokens` tokens took `seconds` (an empty proposal counts per call only)."""
+        if self.draft_cost == "per_call":
+            self.draft_times.append(seconds)
+        elif tokens:
+            self.draft_times.append(seconds / tokens)
+
+    def record_acceptance(self, overlaps: Sequence[float]) -> None:
+        """One round: beta_i = sum_x min(p_i, q_i) at the positions i = 1..len(overlaps) it reached."""
+        for i in range(self.k_max):
+            self.overlap_sum[i] *= self.decay
+            self.overlap_weight[i] *= self.decay
+        for i, beta in enumerate(overlaps[: self.k_max]):
+            self.overlap_sum[i] += beta
+            self.overlap_weight[i] += 1.0
+
+    def observe(self, k: int, drafted: int, overlaps: torch.Tensor, seconds: dict[str, float]) -> None:
+        """A finished round that chose k and drafted `drafted` tokens: its times, and beta_i at the positions
+        it reached (overlaps, (observed,)). A k = 0 round called no drafter and times only its pass."""
+        if k:
+            self.record_draft(drafted, seconds["draft"])
+        self.record_pass(drafted + 1, seconds["verify"])
+        self.record_acceptance(overlaps.tolist())  # (observed,) -> host
+
+    # estimates --------------------------------------------------------------------------------------
+
+    def pass_seconds(self, width: int) -> float:
+        """T_pass(width): measured median, else a line through the measured widths, never below T_pass(1)."""
+        if not self.pass_times:
+            raise ValueError("no target pass has been timed yet")
+        if width in self.pass_times:
+            return statistics.median(self.pass_times[width])
+        widths = sorted(self.pass_times)
+        medians = [statistics.median(self.pass_times[w]) for w in widths]
+        if len(widths) == 1:
+            return medians[0]
+        floor = medians[0] if widths[0] == 1 else min(medians)
+        intercept, slope = linear_fit(widths, medians)
+        return max(floor, intercept + slope * width)
+
+    def draft_seconds(self, k: int) -> float:
+        """T_draft(k): time to propose k tokens (0 for k = 0: a plain step calls no drafter)."""
+        if k == 0:
+            return 0.0
+        unit = statistics.median(self.draft_times)
+        return unit if self.draft_cost == "per_call" else k * unit
+
+    def cost(self, k: int) -> float:
+        """C(k) = T_pass(k + 1) + T_draft(k) seconds; C(0) is a plain target step."""
+        return self.pass_seconds(k + 1) + self.draft_seconds(k)
+
+    def acceptance(self) -> list[float]:
+        """a_1..a_k_max: decayed mean of beta_i, shrunk towards a_{i-1} (a_0 := prior) by one pseudo-round."""
+        estimates, previous = [], self.prior
+        for total, weight in zip(self.overlap_sum, self.overlap_weight):
+            previous = (total + previous) / (weight + 1.0)
+            estimates.append(previous)
+        return estimates
+
+    @property
+    def ready(self) -> bool:
+        """True once a plain step, a wider pass and a draft have been timed."""
+        return 1 in self.pass_times and len(self.pass_times) > 1 and len(self.draft_times) > 0
+
+    # the rule ---------------------------------------------------------------------------------------
+
+    def choose(self, limit: int) -> Choice:
+        """The draft length for the next round, at most `limit` (tokens left in the budget, minus one)."""
+        limit = min(limit, self.k_max)
+        if not self.ready:  # warm-up: a plain step, then the longest draft, until both are timed
+            return Choice(limit if 1 in self.pass_times else 0)
+        return self.predicted(best_draft_length(self.acceptance()[:limit], self.cost))
+
+    def predicted(self, k: int) -> Choice:
+        """k with the model's E(k) and C(k)."""
+        return Choice(k, expected_tokens(self.acceptance()[:k]), self.cost(k))
+
+
+def draft_length_rule(k: int | str | CostModel, k_max: int, drafter: object) -> FixedDraftLength | CostModel:
+    """What decides each round's draft length: a fixed k, a fresh CostModel for k="auto", or the one given."""
+    if isinstance(k, CostModel):
+        check_draft_cost(drafter, k.draft_cost)
+        return k
+    if isinstance(k, str):
+        if k != "auto":
+            raise ValueError(f"k must be an int >= 1, 'auto' or a CostModel, got the string {k!r}")
+        return CostModel(k_max, check_draft_cost(drafter))
+    return FixedDraftLength(k)
+
+
+def check_draft_cost(drafter: object, expected: DraftCost | None = None) -> DraftCost:
+    """The drafter's declared draft_cost, which k='auto' needs to price a draft; refuse drafters without one."""
+    kind = getattr(drafter, "draft_cost", None)
+    name = type(drafter).__name__
+    if kind not in DRAFT_COSTS:
+        raise ValueError(
+            f"k='auto' needs to know how drafting costs grow with the draft length, but {name} has "
+            f"draft_cost={kind!r}: set the attribute draft_cost = 'per_token' on {name} if each draft token "
+            "costs a forward of a draft model, or 'per_call' if a proposal costs about the same whatever its "
+            "length (a lookup); or pass an int k"
+        )
+    if expected is not None and kind != expected:
+        raise ValueError(
+            f"the CostModel prices drafts {expected!r} but {name} has draft_cost={kind!r}: "
+            f"build it with CostModel(draft_cost={kind!r})"
+        )
+    return kind
