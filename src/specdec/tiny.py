@@ -24,14 +24,17 @@ from transformers import (
 ARCHITECTURES = ("llama", "gemma", "gemma2", "mistral", "mixtral", "gpt_neox", "qwen2")
 
 
-def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6):
-    """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window."""
+def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6, **overrides):
+    """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window.
+
+    overrides replace any config field (e.g. a public architecture's hidden sizes, for random-weight benchmarks).
+    """
     common = {
         "vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": n_layers, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": None,
         "pad_token_id": None, "tie_word_embeddings": False,
     }
-    decoder = {**common, "num_key_value_heads": 2}
+    decoder = {**common, "num_key_value_heads": 2, **overrides}
     if arch == "llama":
         return LlamaConfig(**decoder)
     if arch == "gemma":
@@ -45,14 +48,23 @@ def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_wind
     if arch == "qwen2":
         return Qwen2Config(**decoder, use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1)
     if arch == "gpt_neox":
-        return GPTNeoXConfig(**common)
+        return GPTNeoXConfig(**{**common, **overrides})
     raise ValueError(f"unknown architecture {arch!r}; choices: {ARCHITECTURES}")
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, scale: float = 1.0, **config) -> PreTrainedModel:
-    """Random-weight model; `scale` multiplies the output layer so that distributions are far from uniform."""
+def tiny_model(
+    arch: str = "llama",
+    seed: int = 0,
+    scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    **config,
+) -> PreTrainedModel:
+    """Random-weight model built on `device` in `dtype`; `scale` multiplies the output layer so that
+    distributions are far from uniform."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(tiny_config(arch, **config), dtype=dtype)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)
     return model.eval()
