@@ -1,7 +1,8 @@
 """A causal language model together with its KV cache, holding a prefix of one sequence.
 
 Both the target and a draft model go through this wrapper: `forward` appends tokens to the
-cache and returns their logits, `crop` rolls the cache back after a rejection. Rolling back
+cache and returns their logits, `crop` rolls the cache back after a rejection, and `compact`
+keeps one root-to-leaf path of a token tree that was appended by the last forward. Rolling back
 sliding-window layers (Gemma2, Mistral) needs past recording, switched on after the prefill,
 as transformers' own assisted generation does.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -54,6 +55,15 @@ class GrowingLayer(DynamicLayer):
         self.values = self.value_buffer[..., :end, :]
         return self.keys, self.values
 
+    def compact(self, start: int, kept: torch.Tensor) -> None:
+        """Keep positions [0, start) and start + kept, in that order; kept (j,) indexes the last positions."""
+        end = start + kept.numel()
+        if self.is_initialized and self.key_buffer is not None:
+            self.key_buffer[..., start:end, :] = self.key_buffer[..., start + kept, :]  # gather copies first
+            self.value_buffer[..., start:end, :] = self.value_buffer[..., start + kept, :]
+            self.keys = self.key_buffer[..., :end, :]
+            self.values = self.value_buffer[..., :end, :]
+
 
 def grown(buffer: torch.Tensor | None, new: torch.Tensor, length: int, needed: int) -> torch.Tensor:
     """A buffer with room for at least 2 * needed positions holding the first `length` of the old one."""
@@ -87,8 +97,17 @@ class CachedLM:
         self.recording = False
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        last_only: bool = False,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Append tokens (1, n) to the cache; return their next-token logits (n, V), or (1, V) if last_only.
+
+        attention_mask and position_ids default to the causal ones; a token tree passes its own 4D mask
+        (1, 1, n, kv) (or one per attention type) and position ids (1, n).
 
         A first forward with last_only is the prefill, which is never cropped; every later forward may be,
         so past recording is switched on before it (a verification pass longer than a sliding window
@@ -101,18 +120,68 @@ class CachedLM:
             input_ids=tokens.to(self.device),
             cache=self.cache,
             use_cache=True,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
             logits_to_keep=1 if last_only else 0,
         )
         self.length += tokens.shape[-1]
         return out.logits[0, :, : self.vocab_size]  # (n, V)
 
-    def crop(self, length: int) -> None:
-        """Keep the first `length` cached tokens (never grows the cache)."""
+    def crop(self, length: int, keep_past: bool = False) -> None:
+        """Keep the first `length` cached tokens (never grows the cache).
+
+        A sliding-window layer's crop trims its states back to the window, so a second crop further back
+        without a forward between fails; keep_past keeps them (memory then grows as a full layer's does).
+        """
         if length > self.length:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        if keep_past:
+            self.compact(self.length - length, torch.zeros(0, dtype=torch.long), keep_past=True)
+            return
         self.cache.crop(length - self.length)  # a negative count: tokens to drop
         self.length = length
+
+    @torch.inference_mode()
+    def compact(self, width: int, kept: torch.Tensor, keep_past: bool = False) -> None:
+        """Of the last `width` cached tokens (a tree appended by the last forward), keep only `kept` (j,).
+
+        kept holds indices into those `width` tokens, in the order they are to be cached (a root-to-leaf
+        path). Every layer keeps its earlier states and gathers the kept ones on the sequence axis; a
+        sliding-window layer then trims back to its window as its own crop does, unless keep_past.
+        """
+        if width > self.length:
+            raise ValueError(f"cannot compact {width} tokens of a cache holding {self.length}")
+        kept = kept.to(self.device, torch.long)
+        for layer in self.cache.layers:
+            compact_layer(layer, width, kept, trim=not keep_past)
+        self.length += kept.numel() - width
 
     def advance(self, sequence: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Feed the part of sequence (1, L) the cache has not seen; return those positions' logits."""
         return self.forward(sequence[:, self.length :], last_only=last_only)
+
+
+def compact_layer(layer: DynamicLayer, width: int, kept: torch.Tensor, trim: bool = True) -> None:
+    """Drop the last `width` positions of one cache layer except `kept` (indices into them); `trim` cuts a
+    sliding-window layer back to the states its next forward can see."""
+    if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+        return  # a layer that shares another layer's states
+    if isinstance(layer, GrowingLayer):
+        layer.compact(layer.get_seq_length() - width, kept)
+        return
+    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        raise NotImplementedError(
+            f"cache layer {type(layer).__name__} cannot be compacted; token trees support full-attention and "
+            "sliding-window dynamic caches: use a chain (speculative_generate) with this model"
+        )
+    start = layer.keys.shape[-2] - width
+    if start < 0:
+        raise RuntimeError(f"a {type(layer).__name__} holds {layer.keys.shape[-2]} states, fewer than the {width} "
+                           "to compact: its past was trimmed (crop with keep_past=True between branches)")
+    layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., start + kept, :]], dim=-2)
+    layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., start + kept, :]], dim=-2)
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        layer.cumulative_length += kept.numel() - width
+        if trim and layer.cumulative_length >= layer.sliding_window:  # what the next forward sees, as crop does
+            layer.keys = layer.keys[..., -layer.sliding_window + 1 :, :]
+            layer.values = layer.values[..., -layer.sliding_window + 1 :, :]

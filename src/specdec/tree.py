@@ -1,0 +1,288 @@
+"""Token trees: several candidate continuations verified in one target pass.
+
+Notation of Leviathan et al.: p target distribution, q draft distribution. A draft tree holds n
+tokens in topological order, each with its parent (-1 = the root, the last token already in the
+sequence), the q row it was drawn from and how it was drawn (specdec.tree_accept's modes). One
+target pass scores every node: the query tokens are the sequence's unseen tail followed by the n
+nodes, a 4D attention mask lets each node see the whole prefix, its ancestors and itself, and a
+node's position id is the position of the root plus its depth (Miao et al. 2023, SpecInfer).
+accept_tree walks the tree with the exact rules; afterwards the target's KV cache keeps only the
+accepted path (compaction, CachedLM.compact), never the rejected branches.
+
+Sliding-window layers (Gemma2, Mistral, Qwen2) get their own mask, which also hides keys more than
+a window behind each query, so trees are exact there too. Attention backends that take no 4D mask
+(FlashAttention, flex attention) are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import CachedLM
+from .checks import check_generation_args
+from .metrics import Generation, Stats
+from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
+from .stopping import EosSet, truncate_at_eos
+from .timing import stopwatch
+from .tree_accept import IID, MODE_NAMES, accept_tree
+
+MASKED_BACKENDS = ("eager", "sdpa")  # attention implementations that take a user-supplied 4D mask
+
+
+@dataclass
+class TreeDraft:
+    """A draft tree of n nodes in topological order; a chain has parents [-1, 0, 1, ..., n-2]."""
+
+    tokens: torch.Tensor  # (n,) long
+    parents: torch.Tensor  # (n,) long, parents[i] in {-1, 0, ..., i-1}
+    q: torch.Tensor  # (n, V) the row of q node i was drawn from (one-hot for deterministic candidates)
+    modes: torch.Tensor  # (n,) long: DETERMINISTIC, IID or DISTINCT
+    forwards: int = 0  # draft-model passes spent
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def depths(self) -> list[int]:
+        """Depth of each node: 1 for the root's children."""
+        depth: list[int] = []
+        for parent in self.parents.tolist():
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        return depth
+
+    def ancestors(self) -> torch.Tensor:
+        """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
+        n = self.size
+        seen = torch.eye(n, dtype=torch.bool)
+        for i, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                seen[i] |= seen[parent]
+        return seen.to(self.tokens.device)
+
+
+def empty_tree(vocab_size: int, device: torch.device | str) -> TreeDraft:
+    """A tree without nodes: the round becomes a plain target step."""
+    none = torch.zeros(0, dtype=torch.long, device=device)
+    return TreeDraft(none, none.clone(), torch.zeros(0, vocab_size, device=device), none.clone())
+
+
+def chain(tokens: torch.Tensor, q: torch.Tensor, mode: int = IID, forwards: int = 0) -> TreeDraft:
+    """The tree of a chain draft x_1..x_k (k,) with rows q (k, V); IID with one child is Leviathan's rule."""
+    k = tokens.numel()
+    parents = torch.arange(-1, k - 1, device=tokens.device)
+    modes = torch.full((k,), mode, dtype=torch.long, device=tokens.device)
+    return TreeDraft(tokens, parents, q, modes, forwards)
+
+
+def merge(trees: list[TreeDraft]) -> TreeDraft:
+    """One tree holding every given tree under the same root, their root children in the order given."""
+    parents, start = [], 0
+    for tree in trees:
+        parents.append(torch.where(tree.parents >= 0, tree.parents + start, tree.parents))
+        start += tree.size
+    return TreeDraft(
+        torch.cat([t.tokens for t in trees]),
+        torch.cat(parents),
+        torch.cat([t.q for t in trees]),
+        torch.cat([t.modes for t in trees]),
+        sum(t.forwards for t in trees),
+    )
+
+
+def check_tree(tree: TreeDraft, max_nodes: int) -> None:
+    """A non-empty tree in topological order with consistent shapes, no wider than the pass limit."""
+    n = tree.size
+    if n == 0:
+        raise ValueError("the tree is empty: verify at least one node, or take a plain target step instead")
+    if tree.parents.shape != (n,) or tree.modes.shape != (n,) or tree.q.dim() != 2 or tree.q.shape[0] != n:
+        raise ValueError(
+            f"tree fields disagree: tokens {tuple(tree.tokens.shape)}, parents {tuple(tree.parents.shape)}, "
+            f"modes {tuple(tree.modes.shape)}, q {tuple(tree.q.shape)}; need (n,), (n,), (n,), (n, V)"
+        )
+    parents = tree.parents.tolist()
+    bad = [i for i, parent in enumerate(parents) if not -1 <= parent < i]
+    if bad:
+        i = bad[0]
+        raise ValueError(
+            f"node {i} has parent {parents[i]}: a parent must be -1 (the root) or an earlier node 0..{i - 1} "
+            "(nodes in topological order)"
+        )
+    unknown = set(tree.modes.tolist()) - set(MODE_NAMES)
+    if unknown:
+        raise ValueError(f"unknown tree modes {sorted(unknown)}; choices: {MODE_NAMES}")
+    if n > max_nodes:
+        raise ValueError(
+            f"the tree has {n} nodes but the pass limit is max_nodes={max_nodes}: lower the drafter's node "
+            "budget or raise max_nodes"
+        )
+
+
+def check_tree_backend(model: PreTrainedModel) -> None:
+    """Trees need an attention implementation that takes a 4D mask."""
+    backend = model.config._attn_implementation
+    if backend not in MASKED_BACKENDS:
+        raise ValueError(
+            f"token trees need a 4D attention mask, which attn_implementation={backend!r} does not take: load "
+            "the model with attn_implementation='sdpa' (or 'eager'), or decode with a chain (speculative_generate)"
+        )
+
+
+def tree_mask(
+    ancestors: torch.Tensor, depths: torch.Tensor, cached: int, tail: int, visible: int, window: int | None
+) -> torch.Tensor:
+    """Which keys each query may see: bool (tail + n, visible + tail + n), True = attend.
+
+    Queries are the `tail` sequence tokens at positions cached.. and then the n nodes at the root's
+    position plus their depth (n,); keys are the last `visible` cached tokens and then the queries.
+    A window hides keys `window` or more positions behind the query, as a sliding-window layer does.
+    """
+    n, device = ancestors.shape[0], ancestors.device
+    width = tail + n
+    positions = torch.cat([torch.arange(cached, cached + tail, device=device), cached + tail - 1 + depths])
+    new = torch.zeros(width, width, dtype=torch.bool, device=device)
+    new[:tail, :tail] = torch.ones(tail, tail, dtype=torch.bool, device=device).tril()
+    new[tail:, :tail] = True
+    new[tail:, tail:] = ancestors
+    seen = torch.cat([torch.ones(width, visible, dtype=torch.bool, device=device), new], dim=1)
+    if window is not None:
+        key_positions = torch.cat([torch.arange(cached - visible, cached, device=device), positions])
+        seen &= (positions[:, None] - key_positions[None, :]) < window
+    return seen
+
+
+def layer_kinds(lm: CachedLM) -> dict[str, tuple[int, int | None]]:
+    """Attention type -> (cached tokens its layers let the next pass see, sliding window or None)."""
+    kinds: dict[str, tuple[int, int | None]] = {}
+    for layer in lm.cache.layers:
+        if getattr(layer, "is_sliding", False):
+            held = layer.keys.shape[-2] if layer.is_initialized and layer.keys is not None else 0
+            kind = ("sliding_attention", (min(held, layer.sliding_window - 1), layer.sliding_window))
+        else:
+            kind = ("full_attention", (lm.length, None))
+        if kinds.setdefault(*kind) != kind[1]:
+            raise ValueError(f"layers of one attention type disagree on their cache ({kinds[kind[0]]}, {kind[1]})")
+    return kinds
+
+
+def as_model_mask(seen: torch.Tensor, model: PreTrainedModel) -> torch.Tensor:
+    """(q, kv) bool -> (1, 1, q, kv): bool for SDPA, additive float (0 / dtype min) for eager attention."""
+    if model.config._attn_implementation == "sdpa":
+        return seen[None, None]
+    dtype = model.dtype
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+
+
+def tree_logits(lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft) -> torch.Tensor:
+    """One pass over the unseen tail of sequence (1, L) plus the tree; returns the logits (tail + n, V).
+
+    The cache then holds the sequence and every node; compact it to the accepted path.
+    """
+    tail = sequence[:, lm.length :]  # (1, m), m >= 1: at least the root
+    m = tail.shape[-1]
+    if m < 1:
+        raise ValueError("the cache already holds the whole sequence: the root token must not be cached yet")
+    depths = torch.tensor(tree.depths(), dtype=torch.long, device=lm.device)  # (n,)
+    ancestors = tree.ancestors().to(lm.device)  # (n, n)
+    masks = {
+        kind: as_model_mask(tree_mask(ancestors, depths, lm.length, m, visible, window), lm.model)
+        for kind, (visible, window) in layer_kinds(lm).items()
+    }
+    mask = next(iter(masks.values())) if len(masks) == 1 else masks  # hybrid models take one mask per type
+    positions = torch.cat([torch.arange(lm.length, lm.length + m, device=lm.device), lm.length + m - 1 + depths])
+    tokens = torch.cat([tail.to(lm.device), tree.tokens[None].to(lm.device)], dim=-1)  # (1, m + n)
+    return lm.forward(tokens, attention_mask=mask, position_ids=positions[None])
+
+
+def verify_tree(
+    lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft, sampling: Sampling, vocab: int, max_nodes: int = 64
+) -> torch.Tensor:
+    """p (n+1, V): p[0] the target after the root (the sequence's last token), p[1+i] after node i."""
+    check_tree(tree, max_nodes)
+    logits = tree_logits(lm, sequence, tree)  # (m + n, V_target)
+    return probabilities(logits[-(tree.size + 1) :, :vocab], sampling)
+
+
+class TreeDrafter(Protocol):
+    """What tree_generate needs from a source of draft trees."""
+
+    vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
+
+    def start(self, prompt: torch.Tensor) -> None:
+        """Forget the previous sequence; prompt is (1, L)."""
+
+    def propose(
+        self,
+        sequence: torch.Tensor,
+        depth: int,
+        sampling: Sampling,
+        vocab_size: int,
+        generator: torch.Generator | None,
+    ) -> TreeDraft:
+        """A tree of depth at most `depth` continuing sequence (1, L), with q rows of width vocab_size."""
+
+    def rollback(self, length: int) -> None:
+        """Only the first `length` tokens of the last sequence are still valid."""
+
+
+def record_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int) -> None:
+    """Count one pass: per-position counters by depth, `drafted` counts every node."""
+    depth = max(depths, default=0)
+    stats.record_round(depth, accepted, min(accepted + 1, depth))
+    stats.drafted += tree.size - depth
+    stats.tree_nodes.append(tree.size)
+    stats.tree_depths.append(depth)
+
+
+def tree_generate(
+    target: PreTrainedModel,
+    drafter: TreeDrafter,
+    input_ids: torch.Tensor,
+    *,
+    sampling: Sampling = DEFAULT_SAMPLING,
+    max_new_tokens: int = 64,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    max_nodes: int = 64,
+) -> Generation:
+    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution, verifying
+    one draft tree per target pass (at most max_nodes nodes); an empty tree is a plain target step."""
+    check_generation_args(target, input_ids, max_new_tokens)
+    check_tree_backend(target)
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
+    eos = EosSet(eos_token_id)
+    stats = Stats()
+    lm = CachedLM(target)
+    vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
+    sequence = input_ids.to(lm.device)
+    with stopwatch(stats.seconds, "total", lm.device):
+        with stopwatch(stats.seconds, "prefill", lm.device):
+            if sequence.shape[-1] > 1:
+                lm.forward(sequence[:, :-1], last_only=True)
+            drafter.start(sequence)
+        while stats.emitted < max_new_tokens:
+            depth = max_new_tokens - stats.emitted - 1  # never draft past the budget
+            with stopwatch(stats.seconds, "draft", lm.device):
+                tree = drafter.propose(sequence, depth, sampling, vocab, generator)
+            with stopwatch(stats.seconds, "verify", lm.device):
+                if tree.size:
+                    p = verify_tree(lm, sequence, tree, sampling, vocab, max_nodes)  # (n+1, V)
+                    path, next_token = accept_tree(p, tree, generator)
+                    lm.compact(tree.size, torch.tensor(path, dtype=torch.long))
+                else:
+                    p = probabilities(lm.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
+                    path, next_token = [], sample(p, generator)
+            stats.draft_forwards += tree.forwards
+            record_round(stats, tree, tree.depths(), len(path))
+            new = truncate_at_eos(torch.cat([tree.tokens[path].to(lm.device), next_token]), eos)
+            sequence = torch.cat([sequence, new[None]], dim=-1)
+            stats.emitted += new.numel()
+            if eos.ended(new):
+                break
+            drafter.rollback(sequence.shape[-1] - 1)
+    return Generation(sequence[0, input_ids.shape[-1] :], stats)
