@@ -14,17 +14,25 @@ from .metrics import (
 from .naive import draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
 from .speculative import speculative_generate
+from .tree import TreeDraft, TreeDrafter, tree_generate
+from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 
 __all__ = [
     "GREEDY",
+    "ChainTreeDrafter",
     "CostModel",
     "Draft",
     "Drafter",
     "Generation",
+    "HybridTreeDrafter",
     "ModelDrafter",
+    "ModelTreeDrafter",
     "NGramDrafter",
+    "NGramTreeDrafter",
     "Sampling",
     "Stats",
+    "TreeDraft",
+    "TreeDrafter",
     "accepted_length_distribution",
     "autoregressive_generate",
     "draft_then_score",
@@ -32,5 +40,6 @@ __all__ = [
     "optimal_k",
     "probabilities",
     "speculative_generate",
+    "tree_generate",
     "walltime_improvement",
 ]
