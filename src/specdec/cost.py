@@ -188,9 +188,13 @@ class CostModel:
         unit = statistics.median(self.draft_times)
         return unit if self.draft_cost == "per_call" else k * unit
 
+    def proposal_seconds(self, width: int, drafted: int) -> float:
+        """Cost of any proposal (a chain or a tree): one pass over `width` tokens after drafting `drafted`."""
+        return self.pass_seconds(width) + self.draft_seconds(drafted)
+
     def cost(self, k: int) -> float:
-        """C(k) = T_pass(k + 1) + T_draft(k) seconds; C(0) is a plain target step."""
-        return self.pass_seconds(k + 1) + self.draft_seconds(k)
+        """C(k) = T_pass(k + 1) + T_draft(k) seconds for a chain of k; C(0) is a plain target step."""
+        return self.proposal_seconds(k + 1, k)
 
     def acceptance(self) -> list[float]:
         """a_1..a_k_max: decayed mean of beta_i, shrunk towards a_{i-1} (a_0 := prior) by one pseudo-round."""
