@@ -22,100 +22,76 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import PreTrainedModel
 
-from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
-from specdec.timing import forward_ms, stopwatch
+from specdec.timing import forward_ms
+from specdec.tiny import tiny_model
+
+from .contenders import Setting, bind, interleaved, timed
+from .records import machine, markdown_table, write_result
 
 SHAPES = {  # public architecture shapes; weights are random
-    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "n_layers": 32,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                   "rope_theta": 500000.0, "tie_word_embeddings": False},
-    "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "n_layers": 16,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
                   "rope_theta": 500000.0, "tie_word_embeddings": True},
     # --dry-run: the same code path on the CPU with toy shapes, to check the script before spending GPU time
-    "tiny-target": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "tiny-target": {"hidden_size": 64, "intermediate_size": 128, "n_layers": 2, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": False},
-    "tiny-draft": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "tiny-draft": {"hidden_size": 32, "intermediate_size": 64, "n_layers": 1, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True},
 }
+LOOPS = {  # loop -> (contender, draft: "self" = the target drafts for itself, "small" = the 1B-shaped draft)
+    "ar": ("ar", None), "hf_plain": ("hf_plain", None),
+    "spec_self": ("spec_model", "self"), "hf_assisted_self": ("hf_assisted", "self"),
+    "spec_1b": ("spec_model", "small"), "hf_assisted_1b": ("hf_assisted", "small"),
+}
+RATIOS = {"ar/hf_plain": ("ar", "hf_plain"), "spec_self/hf_assisted_self": ("spec_self", "hf_assisted_self"),
+          "spec_1b/hf_assisted_1b": ("spec_1b", "hf_assisted_1b")}
 
 
-def random_llama(shape: str, device: str) -> LlamaForCausalLM:
+def random_llama(shape: str, device: str) -> PreTrainedModel:
     """A bf16 Llama of the given shape with random weights, built directly on the device."""
-    config = LlamaConfig(max_position_embeddings=8192, **SHAPES[shape])
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval()
-
-
-def timed(fn) -> tuple[float, torch.Tensor]:
-    wall: dict[str, float] = {}
-    with stopwatch(wall, "run"):
-        tokens = fn()
-    return wall["run"], tokens
+    return tiny_model("llama", seed=0, dtype=torch.bfloat16, device=device, max_position_embeddings=8192,
+                      **SHAPES[shape])
 
 
 def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -> dict:
-    """Tokens/s (median of repeats) of each loop; greedy outputs compared with ours target-only."""
-    for m in (target, draft):
-        m.generation_config.num_assistant_tokens = k
-        m.generation_config.num_assistant_tokens_schedule = "constant"
-        m.generation_config.assistant_confidence_threshold = 0.0
-    hf = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "eos_token_id": None,
-          "pad_token_id": 0, "attention_mask": torch.ones_like(prompt)}
-
-    def hf_call(**kw):
-        @torch.inference_mode()
-        def call():
-            return target.generate(prompt, **hf, **kw)[0, prompt.shape[-1]:]
-        return call
-
-    fns = {
-        "ar": lambda: autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=new).tokens,
-        "hf_plain": hf_call(),
-        "spec_self": lambda: speculative_generate(target, ModelDrafter(target), prompt, k=k, sampling=GREEDY,
-                                                  max_new_tokens=new).tokens,
-        "hf_assisted_self": hf_call(assistant_model=target),
-        "spec_1b": lambda: speculative_generate(target, ModelDrafter(draft), prompt, k=k, sampling=GREEDY,
-                                                max_new_tokens=new).tokens,
-        "hf_assisted_1b": hf_call(assistant_model=draft),
-    }
+    """Tokens/s (median of repeats) of each loop; greedy outputs compared with ours target-only (EOS ignored)."""
+    settings = {None: Setting(target, None, k=k), "self": Setting(target, target, k=k),
+                "small": Setting(target, draft, k=k)}
+    fns = {name: bind(contender, settings[which]) for name, (contender, which) in LOOPS.items()}
     for fn in fns.values():
-        fn()  # warm-up
+        fn(prompt, new, 0)  # warm-up
     seconds = {name: [] for name in fns}
     outputs = {}
-    for rep in range(repeats):
-        for name in list(fns)[rep % len(fns):] + list(fns)[: rep % len(fns)]:
-            s, tokens = timed(fns[name])
-            seconds[name].append(s)
-            outputs[name] = tokens.tolist()
-    tps = {name: new / statistics.median(s) for name, s in seconds.items()}
+    for _, _, name in interleaved(list(fns), [prompt], repeats):
+        run = timed(fns[name], prompt, new, 0)
+        seconds[name].append(run.seconds)
+        outputs[name] = run.tokens
+    tps = {name: len(outputs[name]) / statistics.median(s) for name, s in seconds.items()}
     return {"tokens_per_second": tps,
             "identical_to_ar": {name: out == outputs["ar"] for name, out in outputs.items()},
-            "ours_vs_hf": {"ar/hf_plain": tps["ar"] / tps["hf_plain"],
-                           "spec_self/hf_assisted_self": tps["spec_self"] / tps["hf_assisted_self"],
-                           "spec_1b/hf_assisted_1b": tps["spec_1b"] / tps["hf_assisted_1b"]}}
+            "ours_vs_hf": {key: tps[a] / tps[b] for key, (a, b) in RATIOS.items()}}
 
 
-def markdown(r: dict) -> str:
-    lines = [f"{r['date']}, {r['device']}, torch {r['torch']}, transformers {r['transformers']}", "",
-             f"c = draft step / target step = {r['draft_step_ms']:.2f} / {r['target_step_ms']:.2f} ms = {r['c']:.3f}",
-             "", "| k | target pass over k+1 tokens (ms) | / one step |", "|---|---|---|"]
-    lines += [f"| {k} | {ms:.2f} | {ms / r['target_step_ms']:.2f} |" for k, ms in r["verify_ms_by_k"].items()]
-    lines += ["", "| loop | tok/s | output equals ours target-only |", "|---|---|---|"]
+def gpu_table(r: dict) -> str:
+    """gpu_bench.md: c, verification cost vs k, the loops and ours over HF."""
     loop = r["loops"]
-    lines += [f"| {n} | {t:.1f} | {loop['identical_to_ar'][n]} |" for n, t in loop["tokens_per_second"].items()]
-    lines += ["", "| ours / HF | ratio |", "|---|---|"] + [f"| {n} | {v:.3f} |" for n, v in loop["ours_vs_hf"].items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join([
+        f"{r['date']}, {r['device']}, torch {r['torch']}, transformers {r['transformers']}", "",
+        f"c = draft step / target step = {r['draft_step_ms']:.2f} / {r['target_step_ms']:.2f} ms = {r['c']:.3f}", "",
+        markdown_table(["k", "target pass over k+1 tokens (ms)", "/ one step"],
+                       [[k, ms, ms / r["target_step_ms"]] for k, ms in r["verify_ms_by_k"].items()], fmt="{:.2f}"),
+        "",
+        markdown_table(["loop", "tok/s", "output equals ours target-only"],
+                       [[n, t, str(loop["identical_to_ar"][n])] for n, t in loop["tokens_per_second"].items()],
+                       fmt="{:.1f}"),
+        "",
+        markdown_table(["ours / HF", "ratio"], [[n, v] for n, v in loop["ours_vs_hf"].items()]),
+    ]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = random_llama(shapes[0], device), random_llama(shapes[1], device)
     vocab = SHAPES[shapes[0]]["vocab_size"]
     prompt = torch.randint(0, vocab, (1, args.context), generator=torch.Generator().manual_seed(0)).to(device)
-    name = "cpu (dry run, toy shapes)" if args.dry_run else torch.cuda.get_device_name()
+    env = machine(device)
+    name = "cpu (dry run, toy shapes)" if args.dry_run else env["device_name"]
     r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
-         "torch": torch.__version__, "transformers": transformers.__version__, "command": " ".join(sys.argv),
+         "torch": torch.__version__, "transformers": env["packages"]["transformers"], "command": " ".join(sys.argv),
          "context": args.context, "k": args.k, "new_tokens": args.new_tokens}
     r["target_step_ms"] = forward_ms(target, prompt, 1, repeats=20, warmup=3)
     r["draft_step_ms"] = forward_ms(draft, prompt, 1, repeats=20, warmup=3)
@@ -149,10 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(r, indent=1), flush=True)
     r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
     r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_bench.json").write_text(json.dumps(r, indent=2) + "\n")
-    (out / "gpu_bench.md").write_text(markdown(r))
-    print(markdown(r))
+    r["machine"] = env
+    write_result(out, "gpu_bench", r, gpu_table(r))
+    print(gpu_table(r))
     return 0
 
 
