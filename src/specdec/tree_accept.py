@@ -88,7 +88,9 @@ def iid_rule(p: torch.Tensor, q: torch.Tensor, x: int) -> tuple[torch.Tensor, to
     return ratio(p, q, x), residual(p, q)
 
 
-def distinct_rule(p: torch.Tensor, q_i: torch.Tensor, x: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def distinct_rule(
+    p: torch.Tensor, q_i: torch.Tensor, x: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x ~ q_i, the draft without the earlier siblings (recursive rejection sampling): accept w.p.
     min(1, p(x)/q_i(x)); on rejection p := norm(max(0, p - q_i)) and q_{i+1} := q_i without x."""
     return ratio(p, q_i, x), residual(p, q_i), without(q_i, x)
