@@ -1,14 +1,19 @@
 """Sequence-level exactness: speculative sampling draws whole continuations from the target's distribution.
 
 Tiny random models over a 5-token vocabulary; every 3-token continuation is enumerated and its exact
-probability under the processed target distribution computed; thousands of speculative samples must
+probability under the processed target distribution computed; N_SAMPLES speculative samples must
 pass a chi-square goodness-of-fit test (fixed seeds, so the outcome is deterministic). The same test
-rejects the article's draft-then-score, whose output is the draft model's distribution.
+rejects the article's draft-then-score, whose output is the draft model's distribution, and a subtly
+wrong rule that resamples from p instead of norm(max(0, p - q)) after a rejection. Its power against
+that wrong rule is computed exactly for every case (test_every_case_is_powered).
+
+With 3 new tokens a round drafts at most 2 (speculative_generate never drafts past the budget), so
+k = 2 is the longest draft these cases exercise; the k = 6 case checks that clamping.
 """
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue, power, rule_distribution, sample_counts
 
 from specdec import (
     GREEDY,
@@ -16,54 +21,32 @@ from specdec import (
     NGramDrafter,
     Sampling,
     autoregressive_generate,
+    speculative,
     speculative_generate,
 )
+from specdec.exact import sequence_distribution, sequence_index
 from specdec.naive import draft_then_score
-from specdec.toy import sequence_distribution, sequence_index
 
 N_TOKENS = 3
-N_SAMPLES = 3000
 PROMPT = torch.tensor([[0, 3, 1]])
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit, pooling outcomes whose expected count is below 5 into one bin."""
-    if counts[probs == 0].sum() > 0:
-        return 0.0  # an outcome the hypothesis calls impossible was observed
-    expected = probs / probs.sum() * counts.sum()  # float rounding: renormalise
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = exp > 0
-    return float(chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue)
-
-
-def sample_counts(generate, vocab: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(vocab**N_TOKENS, dtype=torch.float64)
-    for _ in range(N_SAMPLES):
-        tokens = generate(g)
-        assert tokens.numel() == N_TOKENS
-        counts[sequence_index(tokens, vocab)] += 1
-    return counts
-
 
 CASES = [
     pytest.param(Sampling(1.0), 1, id="T1-k1"),
-    pytest.param(Sampling(1.0), 3, id="T1-k3"),
-    pytest.param(Sampling(1.0), 6, id="T1-k6"),
-    pytest.param(Sampling(0.5), 3, id="T0.5-k3"),
-    pytest.param(Sampling(1.5), 3, id="T1.5-k3"),
-    pytest.param(Sampling(1.0, top_k=3), 3, id="top_k3-k3"),
-    pytest.param(Sampling(1.0, top_p=0.8), 3, id="top_p0.8-k3"),
+    pytest.param(Sampling(1.0), 2, id="T1-k2"),
+    pytest.param(Sampling(0.5), 2, id="T0.5-k2"),
+    pytest.param(Sampling(1.5), 2, id="T1.5-k2"),
+    pytest.param(Sampling(1.0, top_k=3), 2, id="top_k3-k2"),
+    pytest.param(Sampling(1.0, top_p=0.8), 2, id="top_p0.8-k2"),
     pytest.param(Sampling(1.5, top_k=4, top_p=0.9), 6, id="T1.5-top_k4-top_p0.9-k6"),
 ]
 
 
-@pytest.mark.parametrize("sampling, k", CASES)
-def test_speculative_matches_target_distribution(small_vocab_pair, sampling, k):
-    target, draft = small_vocab_pair
-    exact = sequence_distribution(target, PROMPT, N_TOKENS, sampling)
+def resample_from_p(p_i: torch.Tensor, q_i: torch.Tensor) -> torch.Tensor:
+    """A wrong rule: after a rejection, draw from p instead of norm(max(0, p - q))."""
+    return p_i
+
+
+def speculative_counts(target, draft, sampling: Sampling, k: int, seed: int) -> torch.Tensor:
     drafter = ModelDrafter(draft)
 
     def generate(g):
@@ -71,10 +54,56 @@ def test_speculative_matches_target_distribution(small_vocab_pair, sampling, k):
             target, drafter, PROMPT, k=k, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
         ).tokens
 
-    counts = sample_counts(generate, 5, seed=k)
-    assert chi_square_pvalue(counts, exact) > 1e-3
+    return sample_counts(generate, 5, N_TOKENS, seed=seed)
+
+
+@pytest.mark.parametrize("sampling, k", CASES)
+def test_speculative_matches_target_distribution(small_vocab_pair, sampling, k):
+    target, draft = small_vocab_pair
+    counts = speculative_counts(target, draft, sampling, k, seed=k)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
     # the draft really differs from the target, so this is not a trivial pass
-    assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < 1e-6
+    assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < REJECT
+
+
+@pytest.mark.parametrize("sampling, k", CASES)
+def test_every_case_is_powered(small_vocab_pair, sampling, k):
+    """At N_SAMPLES the test above catches resampling from p with probability >= 0.98, in every case.
+
+    The enumerated distribution of the right rule (with specdec's residual) is the target's, which checks
+    the enumeration; the wrong rule's distribution gives the power.
+    """
+    target, draft = small_vocab_pair
+    exact = sequence_distribution(target, PROMPT, N_TOKENS, sampling)
+    right = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, k, speculative.residual)
+    torch.testing.assert_close(right, exact, atol=1e-6, rtol=0)
+    wrong = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, k, resample_from_p)
+    assert power(exact, wrong, N_SAMPLES, PASS) >= 0.98
+    assert power(exact, sequence_distribution(draft, PROMPT, N_TOKENS, sampling), N_SAMPLES, REJECT) >= 0.999
+
+
+def test_chi_square_rejects_resampling_from_p(small_vocab_pair, monkeypatch):
+    """The same test, same size, on speculative_generate with the wrong residual patched in: rejected."""
+    target, draft = small_vocab_pair
+    monkeypatch.setattr(speculative, "residual", resample_from_p)
+    sampling = Sampling(1.0)
+    counts = speculative_counts(target, draft, sampling, 2, seed=2)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT
+    wrong = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, 2, resample_from_p)
+    assert chi_square_pvalue(counts, wrong) > PASS  # and it is exactly the wrong rule's distribution
+
+
+def test_chi_square_rejects_the_articles_method(small_vocab_pair):
+    """Draft-then-score returns the draft's sample: the same test that passes speculative sampling fails it."""
+    target, draft = small_vocab_pair
+    sampling = Sampling(1.0)
+
+    def generate(g):
+        return draft_then_score(target, draft, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=3)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT
+    assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) > PASS
 
 
 def test_ngram_drafter_is_exact(small_vocab_pair):
@@ -89,7 +118,7 @@ def test_ngram_drafter_is_exact(small_vocab_pair):
             target, NGramDrafter(), prompt, k=3, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
         ).tokens
 
-    assert chi_square_pvalue(sample_counts(generate, 5, seed=7), exact) > 1e-3
+    assert chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=7), exact) > PASS
 
 
 def test_autoregressive_baseline_matches_target_distribution(small_vocab_pair):
@@ -100,20 +129,7 @@ def test_autoregressive_baseline_matches_target_distribution(small_vocab_pair):
     def generate(g):
         return autoregressive_generate(target, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
 
-    assert chi_square_pvalue(sample_counts(generate, 5, seed=11), exact) > 1e-3
-
-
-def test_chi_square_rejects_the_articles_method(small_vocab_pair):
-    """Draft-then-score returns the draft's sample: the same test that passes speculative sampling fails it."""
-    target, draft = small_vocab_pair
-    sampling = Sampling(1.0)
-
-    def generate(g):
-        return draft_then_score(target, draft, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
-
-    counts = sample_counts(generate, 5, seed=3)
-    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < 1e-6
-    assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) > 1e-3
+    assert chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=11), exact) > PASS
 
 
 def test_greedy_speculative_is_deterministic_target_argmax(small_vocab_pair):

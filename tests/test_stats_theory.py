@@ -107,7 +107,7 @@ def test_theory_domain(alpha, c):
 
 def test_rounds_on_fixed_distributions_emit_expected_tokens():
     """With the same p and q at every position, alpha = sum min(p, q) predicts tokens per round."""
-    from specdec.toy import fixed_round
+    from specdec.exact import fixed_round
 
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.3, 0.5])
