@@ -1,5 +1,7 @@
 """Small exact objects for the notebooks and tests: exact sequence distributions of tiny models by
-enumeration, total-variation distance, empirical histograms, one round on fixed distributions.
+enumeration, total-variation distance, empirical histograms, one round on fixed distributions; for
+token trees, the exact output distribution of a tree rule (enumerating the drafting and every
+accept/reject) and one round on a random toy tree.
 
 Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
 """
@@ -81,7 +83,9 @@ class Branching:
     mode: int = IID
 
 
-def toy_pair(seed: int, vocab: int, sampling: Sampling, noise: float = 1.0) -> tuple[Conditional, Conditional]:
+def toy_pair(
+    seed: int, vocab: int, sampling: Sampling, noise: float = 1.0
+) -> tuple[Conditional, Conditional]:
     """Random target p(. | prefix) and a draft q with `noise` extra logit noise, both processed by sampling.
 
     Each prefix gets its own logits (seeded by seed and the prefix); rows are float64 and sum to 1.
@@ -89,7 +93,9 @@ def toy_pair(seed: int, vocab: int, sampling: Sampling, noise: float = 1.0) -> t
 
     @functools.cache
     def pair(prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + 10_007 * len(prefix) + sequence_index(torch.tensor(prefix), vocab))
+        g = torch.Generator().manual_seed(
+            seed * 1_000_003 + 10_007 * len(prefix) + sequence_index(torch.tensor(prefix), vocab)
+        )
         z = 2.0 * torch.randn(vocab, generator=g)  # (V,) target logits
         z_draft = z + noise * torch.randn(vocab, generator=g)
         probs = probabilities(torch.stack([z, z_draft]), sampling).double()  # (2, V)
@@ -122,12 +128,16 @@ def children_draws(q: torch.Tensor, branching: Branching) -> list[tuple[float, l
     return [(w, top + xs, [DETERMINISTIC] * len(top) + [branching.mode] * len(xs)) for w, xs in draws]
 
 
-def target_sequence_distribution(p_of: Conditional, n_tokens: int, prefix: tuple[int, ...] = ()) -> torch.Tensor:
+def target_sequence_distribution(
+    p_of: Conditional, n_tokens: int, prefix: tuple[int, ...] = ()
+) -> torch.Tensor:
     """Exact probability (V^n,) of the next n tokens under the target, in the order of sequence_index."""
     if n_tokens == 0:
         return torch.ones(1, dtype=torch.float64)
     p = p_of(prefix)  # (V,)
-    return torch.cat([p[y] * target_sequence_distribution(p_of, n_tokens - 1, prefix + (y,)) for y in range(p.numel())])
+    return torch.cat(
+        [p[y] * target_sequence_distribution(p_of, n_tokens - 1, prefix + (y,)) for y in range(p.numel())]
+    )
 
 
 def tree_round_distribution(
