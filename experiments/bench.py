@@ -3,11 +3,11 @@
 The pair comes from conf/model (--model for the model draft, --ngram for the n-gram drafter's settings),
 the prompts from conf/dataset, the methods from experiments.contenders (same prompts, k, sampling,
 max_new_tokens and seeds for all):
-  ar            our target-only loop                  hf_plain             HF generate
-  spec_model    our speculative loop, model draft      hf_assisted          HF assisted generation, same draft, fixed k
-                                                       hf_assisted_default  the same at HF's defaults (dynamic stop)
-  spec_ngram    our speculative loop, n-gram drafter   hf_lookup            HF prompt lookup, same k
-                                                       hf_lookup_default    HF prompt lookup at its defaults
+  ar          our target-only loop                 hf_plain             HF generate
+  spec_model  our speculative loop, model draft     hf_assisted          HF assisted generation, same draft, k
+                                                    hf_assisted_default  the same at HF's defaults (dynamic)
+  spec_ngram  our speculative loop, n-gram drafter  hf_lookup            HF prompt lookup, same k
+                                                    hf_lookup_default    HF prompt lookup at its defaults
 Every repetition runs every prompt through every contender, in an order rotated per repetition,
 so machine drift hits all contenders alike; one warm-up pass is excluded. Ratios are checked against
 experiments.goals.
@@ -40,8 +40,16 @@ from .prompts import Prompt
 from .records import machine, peak_rss_mb, reset_peak_rss, write_result
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-DEFAULT_CONTENDERS = ("ar", "hf_plain", "spec_model", "hf_assisted", "hf_assisted_default", "spec_ngram",
-                      "hf_lookup", "hf_lookup_default")
+DEFAULT_CONTENDERS = (
+    "ar",
+    "hf_plain",
+    "spec_model",
+    "hf_assisted",
+    "hf_assisted_default",
+    "spec_ngram",
+    "hf_lookup",
+    "hf_lookup_default",
+)
 DEFAULT_CATEGORIES = "summarization,retrieval,code,qa"
 
 
@@ -64,16 +72,28 @@ def run_bench(
         fns[name](ids[prompts[0].id], min(8, max_new_tokens), seed)
     runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
     for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = clock.timed(fns[name], ids[prompt.id], max_new_tokens, seed + rep)
+        run = clock.measure(fns[name], ids[prompt.id], max_new_tokens, seed + rep)
         runs[name][prompt.id].append(run)
-        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
+        log(
+            f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok "
+            f"{len(run.tokens) / run.seconds:6.1f} tok/s"
+        )
     clock.remove()
     s = setting.sampling
     result = {
-        "settings": {"k": setting.k, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                     "max_new_tokens": max_new_tokens, "repetitions": repetitions, "seed": seed,
-                     "max_ngram": setting.max_ngram, "min_ngram": setting.min_ngram, "eos_token_id": setting.eos,
-                     "prompts": [p.id for p in prompts]},
+        "settings": {
+            "k": setting.k,
+            "temperature": s.temperature,
+            "top_k": s.top_k,
+            "top_p": s.top_p,
+            "max_new_tokens": max_new_tokens,
+            "repetitions": repetitions,
+            "seed": seed,
+            "max_ngram": setting.max_ngram,
+            "min_ngram": setting.min_ngram,
+            "eos_token_id": setting.eos,
+            "prompts": [p.id for p in prompts],
+        },
         "contenders": {name: contender_figures(runs[name], prompts) for name in names},
     }
     if s.greedy:
@@ -103,21 +123,51 @@ def compose_config(*overrides: str) -> DictConfig:
 def configs(args: argparse.Namespace) -> tuple[DictConfig, DictConfig]:
     """(config of the model-draft pair, config of the n-gram pair) from the command line."""
     categories = "null" if args.categories == "all" else f"[{args.categories}]"
-    common = [f"dataset={args.dataset}", f"dataset.categories={categories}",
-              f"dataset.n_per_category={args.per_category}", f"k={args.k}", f"temperature={args.temperature}",
-              f"max_new_tokens={args.max_new_tokens}", f"seed={args.seed}"]
-    model, ngram = compose_config(f"model={args.model}", *common), compose_config(f"model={args.ngram}", *common)
+    common = [
+        f"dataset={args.dataset}",
+        f"dataset.categories={categories}",
+        f"dataset.n_per_category={args.per_category}",
+        f"k={args.k}",
+        f"temperature={args.temperature}",
+        f"max_new_tokens={args.max_new_tokens}",
+        f"seed={args.seed}",
+    ]
+    model, ngram = (
+        compose_config(f"model={args.model}", *common),
+        compose_config(f"model={args.ngram}", *common),
+    )
     if ngram.model.draft.kind != "ngram" or ngram.model.target.name != model.model.target.name:
-        raise SystemExit(f"--ngram {args.ngram}: needs an n-gram pair with the target of --model {args.model}")
+        raise SystemExit(
+            f"--ngram {args.ngram}: needs an n-gram pair with the target of --model {args.model}"
+        )
     return model, ngram
 
 
 def memory_of(contender: str, args: argparse.Namespace) -> dict:
-    """Peak RSS of a fresh process that loads only what `contender` needs and runs it once on the first prompt."""
-    cmd = [sys.executable, "-m", "experiments.bench", "--memory-of", contender, "--model", args.model,
-           "--ngram", args.ngram, "--dataset", args.dataset, "--categories", args.categories,
-           "--per-category", str(args.per_category), "--k", str(args.k),
-           "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]
+    """Peak RSS of a fresh process that loads only what `contender` needs and runs it once on one prompt."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.bench",
+        "--memory-of",
+        contender,
+        "--model",
+        args.model,
+        "--ngram",
+        args.ngram,
+        "--dataset",
+        args.dataset,
+        "--categories",
+        args.categories,
+        "--per-category",
+        str(args.per_category),
+        "--k",
+        str(args.k),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--threads",
+        str(args.threads),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -140,17 +190,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dataset", default="bundled", help="prompt set, a conf/dataset entry")
     ap.add_argument("--categories", default=DEFAULT_CATEGORIES, help="comma-separated, or all")
     ap.add_argument("--per-category", type=int, default=1, help="prompts per category")
-    ap.add_argument("--k", type=int, default=4, help="draft tokens per round (gamma), the same for every contender")
+    ap.add_argument(
+        "--k", type=int, default=4, help="draft tokens per round (gamma), the same for every contender"
+    )
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs are checked equal)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
-    ap.add_argument("--contenders", default=",".join(DEFAULT_CONTENDERS),
-                    help=f"comma-separated subset of {', '.join(CONTENDERS)}")
+    ap.add_argument(
+        "--contenders",
+        default=",".join(DEFAULT_CONTENDERS),
+        help=f"comma-separated subset of {', '.join(CONTENDERS)}",
+    )
     ap.add_argument("--scaling", action="store_true", help="run the scaling study instead of the comparison")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-contender memory subprocesses")
-    ap.add_argument("--memory-of", choices=list(CONTENDERS), help=argparse.SUPPRESS)  # internal: one memory run
+    ap.add_argument(
+        "--memory-of", choices=list(CONTENDERS), help=argparse.SUPPRESS
+    )  # internal: one memory run
     ap.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/<timestamp>)")
     args = ap.parse_args(argv)
     unknown = set(args.contenders.split(",")) - set(CONTENDERS)
@@ -174,10 +231,21 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = load_prompts(model_cfg.dataset)
     ids = {p.id: encode_prompt(pair.tokenizer, p.text, chat=model_cfg.dataset.chat) for p in prompts}
     sampling = sampling_of(model_cfg)
-    setting = Setting(pair.target, pair.draft_model, k=args.k, sampling=sampling, eos=pair.eos_token_id,
-                      max_ngram=ngram_cfg.model.draft.max_ngram, min_ngram=ngram_cfg.model.draft.min_ngram)
+    setting = Setting(
+        pair.target,
+        pair.draft_model,
+        k=args.k,
+        sampling=sampling,
+        eos=pair.eos_token_id,
+        max_ngram=ngram_cfg.model.draft.max_ngram,
+        min_ngram=ngram_cfg.model.draft.min_ngram,
+    )
     if args.memory_of:
-        print(json.dumps(run_memory_of(args.memory_of, setting, ids[prompts[0].id], args.max_new_tokens, args.seed)))
+        print(
+            json.dumps(
+                run_memory_of(args.memory_of, setting, ids[prompts[0].id], args.max_new_tokens, args.seed)
+            )
+        )
         return {}
     out = args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")
     print(f"writing to {out}", flush=True)
@@ -186,13 +254,28 @@ def main(argv: list[str] | None = None) -> dict:
         from .bench_scaling import run_scaling, scaling_table
 
         first = ids[prompts[0].id]
-        result = run_scaling(setting, first, lengths=[128, 256, 512, 1024], prompt_lengths=[128, 512, 1024],
-                             filler=first.repeat(1, 64), seed=args.seed, log=print)
+        result = run_scaling(
+            setting,
+            first,
+            lengths=[128, 256, 512, 1024],
+            prompt_lengths=[128, 512, 1024],
+            filler=first.repeat(1, 64),
+            seed=args.seed,
+            log=print,
+        )
         result.update(machine=machine(), command=command)
         write_result(out, "scaling", result, scaling_table(result))
         return result
-    result = run_bench(setting, prompts, ids, contenders=contenders, max_new_tokens=args.max_new_tokens,
-                       repetitions=args.repetitions, seed=args.seed, log=lambda s: print(s, flush=True))
+    result = run_bench(
+        setting,
+        prompts,
+        ids,
+        contenders=contenders,
+        max_new_tokens=args.max_new_tokens,
+        repetitions=args.repetitions,
+        seed=args.seed,
+        log=lambda s: print(s, flush=True),
+    )
     result["settings"].update(model=args.model, ngram=args.ngram, dataset=args.dataset)
     if not args.no_memory:
         result["memory"] = {name: memory_of(name, args) for name in result["contenders"]}

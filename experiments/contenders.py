@@ -57,7 +57,9 @@ class Output:
 
 @dataclass(frozen=True)
 class Contender:
-    generate: Callable[[Setting, torch.Tensor, int, int], Output]  # (setting, ids (1, L), max_new_tokens, seed)
+    generate: Callable[
+        [Setting, torch.Tensor, int, int], Output
+    ]  # (setting, ids (1, L), max_new_tokens, seed)
     needs_draft: bool = False
 
 
@@ -75,11 +77,18 @@ def target_only(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
     return ours(s, seed, lambda **kw: autoregressive_generate(s.target, ids, max_new_tokens=n, **kw))
 
 
-def speculative(drafter_of: Callable[[Setting], Drafter]) -> Callable[[Setting, torch.Tensor, int, int], Output]:
+def speculative(
+    drafter_of: Callable[[Setting], Drafter],
+) -> Callable[[Setting, torch.Tensor, int, int], Output]:
     """Our speculative loop with the drafter drafter_of(setting) and the setting's k."""
+
     def generate(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
-        return ours(s, seed, lambda **kw: speculative_generate(s.target, drafter_of(s), ids, k=s.k,
-                                                               max_new_tokens=n, **kw))
+        return ours(
+            s,
+            seed,
+            lambda **kw: speculative_generate(s.target, drafter_of(s), ids, k=s.k, max_new_tokens=n, **kw),
+        )
+
     return generate
 
 
@@ -97,7 +106,9 @@ def hf_config(s: Setting, max_new_tokens: int) -> GenerationConfig:
         pad_token_id=eos if eos is not None else s.target.config.pad_token_id or 0,
     )
     if not s.sampling.greedy:
-        config.update(temperature=s.sampling.temperature, top_k=s.sampling.top_k or None, top_p=s.sampling.top_p)
+        config.update(
+            temperature=s.sampling.temperature, top_k=s.sampling.top_k or None, top_p=s.sampling.top_p
+        )
     else:
         config.update(temperature=None, top_k=None, top_p=None)
     return config
@@ -115,7 +126,8 @@ def fix_assistant_k(draft: PreTrainedModel, k: int | None) -> None:
 
 
 def hf(assisted_k: Callable[[Setting], int | None] | None = None, **options):
-    """HF generate; with assisted_k, assisted generation with the draft model and that k (None: HF defaults)."""
+    """HF generate; with assisted_k, assisted generation with the draft and that k (None: HF's defaults)."""
+
     def generate(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
         torch.manual_seed(seed)
         config = hf_config(s, n)
@@ -125,9 +137,11 @@ def hf(assisted_k: Callable[[Setting], int | None] | None = None, **options):
             assistant = s.draft
             fix_assistant_k(assistant, assisted_k(s))
         with torch.inference_mode():
-            out = s.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
-                                    generation_config=config)
-        return Output(out[0, ids.shape[-1]:])
+            out = s.target.generate(
+                ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, generation_config=config
+            )
+        return Output(out[0, ids.shape[-1] :])
+
     return generate
 
 
@@ -137,7 +151,9 @@ CONTENDERS: dict[str, Contender] = {
     "spec_model": Contender(speculative(lambda s: ModelDrafter(s.draft)), needs_draft=True),
     "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), needs_draft=True),
     "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), needs_draft=True),
-    "spec_ngram": Contender(speculative(lambda s: NGramDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram))),
+    "spec_ngram": Contender(
+        speculative(lambda s: NGramDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram))
+    ),
     "hf_lookup": Contender(hf(prompt_lookup_num_tokens=lambda s: s.k)),
     "hf_lookup_default": Contender(hf(prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS)),
 }
@@ -157,7 +173,7 @@ def bind(name: str, setting: Setting) -> Callable[[torch.Tensor, int, int], Outp
 
 @dataclass
 class Run:
-    """One contender on one input: the new tokens, wall seconds, our Stats, time and calls inside each model."""
+    """One contender on one input: new tokens, wall seconds, our Stats, time and calls inside each model."""
 
     tokens: list[int]
     seconds: float
@@ -196,7 +212,7 @@ class ForwardClock:
         self.seconds[name] += time.perf_counter() - self.started
         self.calls[name] += 1
 
-    def timed(self, fn, ids: torch.Tensor, n: int, seed: int) -> Run:
+    def measure(self, fn, ids: torch.Tensor, n: int, seed: int) -> Run:
         """contenders.timed, with the seconds and calls inside each model during the call."""
         self.seconds = dict.fromkeys(self.seconds, 0.0)
         self.calls = dict.fromkeys(self.calls, 0)
@@ -209,7 +225,9 @@ class ForwardClock:
             handle.remove()
 
 
-def interleaved(names: Sequence[str], items: Sequence[Item], repetitions: int) -> Iterator[tuple[int, Item, str]]:
+def interleaved(
+    names: Sequence[str], items: Sequence[Item], repetitions: int
+) -> Iterator[tuple[int, Item, str]]:
     """(repetition, item, contender) in a round-robin order: no contender always runs first, so drift
     of the machine's speed hits all contenders alike."""
     for rep in range(repetitions):

@@ -1,6 +1,7 @@
-"""The benchmark's goals: every threshold a measured ratio is held to, in one place (docs/performance.md quotes it).
+"""The benchmark's goals: every threshold a measured ratio is held to, in one place.
 
-Each ratio is ours over the other contender's tokens per second (or a measured/predicted ratio), higher is better.
+docs/performance.md quotes this table. Each ratio is ours over the other contender's tokens per second
+(or measured over predicted), higher is better.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ GOALS: dict[str, float] = {
 
 
 def goal_entries(ratios: dict[str, float]) -> dict[str, dict[str, object]]:
-    """{key: {"value", "target", "met"}} for every goal whose ratio was measured (NaN: value None, met None)."""
+    """{key: {"value", "target", "met"}} for each goal whose ratio was measured (NaN: value and met None)."""
     entries: dict[str, dict[str, object]] = {}
     for key, target in GOALS.items():
         if key not in ratios:
             continue
         value = ratios[key]
         measured = value is not None and not math.isnan(value)
-        entries[key] = {"value": value if measured else None, "target": target,
-                        "met": (value >= target) if measured else None}
+        entries[key] = {
+            "value": value if measured else None,
+            "target": target,
+            "met": (value >= target) if measured else None,
+        }
     return entries

@@ -1,4 +1,4 @@
-"""GPU benchmark on a real-architecture pair with random weights (no downloads), for a session with a CUDA device.
+"""GPU benchmark on a real-architecture pair with random weights (no downloads), for a CUDA device.
 
 Target: Llama-3-8B-shaped, draft: Llama-3.2-1B-shaped, both bf16 with random weights. Random weights give
 meaningless text but real costs: it measures
@@ -31,37 +31,75 @@ from .contenders import Setting, bind, interleaved, timed
 from .records import machine, markdown_table, write_result
 
 SHAPES = {  # public architecture shapes; weights are random
-    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "n_layers": 32,
-                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-                  "rope_theta": 500000.0, "tie_word_embeddings": False},
-    "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "n_layers": 16,
-                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-                  "rope_theta": 500000.0, "tie_word_embeddings": True},
+    "llama3-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "n_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+    },
+    "llama3-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "n_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+    },
     # --dry-run: the same code path on the CPU with toy shapes, to check the script before spending GPU time
-    "tiny-target": {"hidden_size": 64, "intermediate_size": 128, "n_layers": 2, "num_attention_heads": 4,
-                    "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": False},
-    "tiny-draft": {"hidden_size": 32, "intermediate_size": 64, "n_layers": 1, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True},
+    "tiny-target": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "n_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "tie_word_embeddings": False,
+    },
+    "tiny-draft": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "n_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "tie_word_embeddings": True,
+    },
 }
 LOOPS = {  # loop -> (contender, draft: "self" = the target drafts for itself, "small" = the 1B-shaped draft)
-    "ar": ("ar", None), "hf_plain": ("hf_plain", None),
-    "spec_self": ("spec_model", "self"), "hf_assisted_self": ("hf_assisted", "self"),
-    "spec_1b": ("spec_model", "small"), "hf_assisted_1b": ("hf_assisted", "small"),
+    "ar": ("ar", None),
+    "hf_plain": ("hf_plain", None),
+    "spec_self": ("spec_model", "self"),
+    "hf_assisted_self": ("hf_assisted", "self"),
+    "spec_1b": ("spec_model", "small"),
+    "hf_assisted_1b": ("hf_assisted", "small"),
 }
-RATIOS = {"ar/hf_plain": ("ar", "hf_plain"), "spec_self/hf_assisted_self": ("spec_self", "hf_assisted_self"),
-          "spec_1b/hf_assisted_1b": ("spec_1b", "hf_assisted_1b")}
+RATIOS = {
+    "ar/hf_plain": ("ar", "hf_plain"),
+    "spec_self/hf_assisted_self": ("spec_self", "hf_assisted_self"),
+    "spec_1b/hf_assisted_1b": ("spec_1b", "hf_assisted_1b"),
+}
 
 
 def random_llama(shape: str, device: str) -> PreTrainedModel:
     """A bf16 Llama of the given shape with random weights, built directly on the device."""
-    return tiny_model("llama", seed=0, dtype=torch.bfloat16, device=device, max_position_embeddings=8192,
-                      **SHAPES[shape])
+    return tiny_model(
+        "llama", seed=0, dtype=torch.bfloat16, device=device, max_position_embeddings=8192, **SHAPES[shape]
+    )
 
 
 def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -> dict:
-    """Tokens/s (median of repeats) of each loop; greedy outputs compared with ours target-only (EOS ignored)."""
-    settings = {None: Setting(target, None, k=k), "self": Setting(target, target, k=k),
-                "small": Setting(target, draft, k=k)}
+    """Tokens/s (median of repeats) of each loop; greedy outputs compared with our target-only (no EOS)."""
+    settings = {
+        None: Setting(target, None, k=k),
+        "self": Setting(target, target, k=k),
+        "small": Setting(target, draft, k=k),
+    }
     fns = {name: bind(contender, settings[which]) for name, (contender, which) in LOOPS.items()}
     for fn in fns.values():
         fn(prompt, new, 0)  # warm-up
@@ -72,41 +110,65 @@ def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -
         seconds[name].append(run.seconds)
         outputs[name] = run.tokens
     tps = {name: len(outputs[name]) / statistics.median(s) for name, s in seconds.items()}
-    return {"tokens_per_second": tps,
-            "identical_to_ar": {name: out == outputs["ar"] for name, out in outputs.items()},
-            "ours_vs_hf": {key: tps[a] / tps[b] for key, (a, b) in RATIOS.items()}}
+    return {
+        "tokens_per_second": tps,
+        "identical_to_ar": {name: out == outputs["ar"] for name, out in outputs.items()},
+        "ours_vs_hf": {key: tps[a] / tps[b] for key, (a, b) in RATIOS.items()},
+    }
 
 
 def gpu_table(r: dict) -> str:
     """gpu_bench.md: c, verification cost vs k, the loops and ours over HF."""
     loop = r["loops"]
-    return "\n".join([
-        f"{r['date']}, {r['device']}, torch {r['torch']}, transformers {r['transformers']}", "",
-        f"c = draft step / target step = {r['draft_step_ms']:.2f} / {r['target_step_ms']:.2f} ms = {r['c']:.3f}", "",
-        markdown_table(["k", "target pass over k+1 tokens (ms)", "/ one step"],
-                       [[k, ms, ms / r["target_step_ms"]] for k, ms in r["verify_ms_by_k"].items()], fmt="{:.2f}"),
-        "",
-        markdown_table(["loop", "tok/s", "output equals ours target-only"],
-                       [[n, t, str(loop["identical_to_ar"][n])] for n, t in loop["tokens_per_second"].items()],
-                       fmt="{:.1f}"),
-        "",
-        markdown_table(["ours / HF", "ratio"], [[n, v] for n, v in loop["ours_vs_hf"].items()]),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"{r['date']}, {r['device']}, torch {r['torch']}, transformers {r['transformers']}",
+                "",
+                (
+                    f"c = draft step / target step = {r['draft_step_ms']:.2f} / {r['target_step_ms']:.2f} ms "
+                    f"= {r['c']:.3f}"
+                ),
+                "",
+                markdown_table(
+                    ["k", "target pass over k+1 tokens (ms)", "/ one step"],
+                    [[k, ms, ms / r["target_step_ms"]] for k, ms in r["verify_ms_by_k"].items()],
+                    fmt="{:.2f}",
+                ),
+                "",
+                markdown_table(
+                    ["loop", "tok/s", "output equals ours target-only"],
+                    [[n, t, str(loop["identical_to_ar"][n])] for n, t in loop["tokens_per_second"].items()],
+                    fmt="{:.1f}",
+                ),
+                "",
+                markdown_table(["ours / HF", "ratio"], [[n, v] for n, v in loop["ours_vs_hf"].items()]),
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/gpu-<timestamp>)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output folder (default bench_out/gpu-<timestamp>)"
+    )
     ap.add_argument("--k", type=int, default=4, help="draft tokens per round for the loops")
     ap.add_argument("--context", type=int, default=512, help="prompt tokens (random ids)")
     ap.add_argument("--new-tokens", type=int, default=128, help="generated tokens per loop run (EOS ignored)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, interleaved")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="toy shapes on the CPU: checks the whole script in seconds; its numbers mean nothing")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="toy shapes on the CPU: checks the whole script in seconds; its numbers mean nothing",
+    )
     args = ap.parse_args(argv)
     if not (torch.cuda.is_available() or args.dry_run):
-        print("no CUDA device: experiments/gpu_bench.py measures GPU costs and needs one; nothing measured "
-              "(--dry-run checks the script on the CPU)")
+        print(
+            "no CUDA device: experiments/gpu_bench.py measures GPU costs and needs one; nothing measured "
+            "(--dry-run checks the script on the CPU)"
+        )
         return 0
     device = "cpu" if args.dry_run else "cuda"
     shapes = ("tiny-target", "tiny-draft") if args.dry_run else ("llama3-8b", "llama3-1b")
@@ -116,13 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.randint(0, vocab, (1, args.context), generator=torch.Generator().manual_seed(0)).to(device)
     env = machine(device)
     name = "cpu (dry run, toy shapes)" if args.dry_run else env["device_name"]
-    r = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
-         "torch": torch.__version__, "transformers": env["packages"]["transformers"], "command": " ".join(sys.argv),
-         "context": args.context, "k": args.k, "new_tokens": args.new_tokens}
+    r = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": env["packages"]["transformers"],
+        "command": " ".join(sys.argv),
+        "context": args.context,
+        "k": args.k,
+        "new_tokens": args.new_tokens,
+    }
     r["target_step_ms"] = forward_ms(target, prompt, 1, repeats=20, warmup=3)
     r["draft_step_ms"] = forward_ms(draft, prompt, 1, repeats=20, warmup=3)
     r["c"] = r["draft_step_ms"] / r["target_step_ms"]
-    r["verify_ms_by_k"] = {k: forward_ms(target, prompt, k + 1, repeats=20, warmup=3) for k in (1, 2, 4, 8, 16)}
+    r["verify_ms_by_k"] = {
+        k: forward_ms(target, prompt, k + 1, repeats=20, warmup=3) for k in (1, 2, 4, 8, 16)
+    }
     print(json.dumps(r, indent=1), flush=True)
     r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
     r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None

@@ -62,7 +62,9 @@ def cell(value: object, fmt: str = "{:.3f}") -> str:
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], fmt: str = "{:.3f}") -> str:
     """A GitHub markdown table; cells that are already strings are kept as they are."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(v if isinstance(v, str) else cell(v, fmt) for v in row) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(v if isinstance(v, str) else cell(v, fmt) for v in row) + " |" for row in rows
+    ]
     return "\n".join(lines)
 
 
@@ -71,7 +73,9 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], fmt:
 
 def git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -88,7 +92,10 @@ def cpu_info() -> dict[str, object]:
         pass
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     return {
-        "model": fields.get("model name") or fields.get("Model name") or platform.processor() or platform.machine(),
+        "model": fields.get("model name")
+        or fields.get("Model name")
+        or platform.processor()
+        or platform.machine(),
         "logical_cores": psutil.cpu_count(),
         "flags": {flag: flag in flags for flag in CPU_FLAGS} if flags else "unknown (no /proc/cpuinfo)",
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),

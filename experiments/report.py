@@ -21,6 +21,7 @@ import pandas as pd
 from specdec.metrics import optimal_k, walltime_improvement
 
 from .figures import sweep_figures
+from .records import markdown_table
 
 RUN_COLUMNS = [  # run table: settings, then measurements
     "model", "draft_quantization", "target_quantization", "k", "temperature", "top_p", "dataset",
@@ -75,17 +76,9 @@ def best_k(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def markdown(df: pd.DataFrame) -> str:
+def frame_markdown(df: pd.DataFrame) -> str:
     """A DataFrame as a GitHub markdown table; floats to 3 decimals, NaN as a dash."""
-
-    def cell(value: object) -> str:
-        if isinstance(value, float):
-            return "-" if math.isnan(value) else f"{value:.3f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(df.columns) + " |", "|---" * len(df.columns) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown_table(list(df.columns), [list(row) for row in df.itertuples(index=False)])
 
 
 def report(folder: Path, out: Path | None = None) -> str:
@@ -99,9 +92,9 @@ def report(folder: Path, out: Path | None = None) -> str:
     best.to_csv(out / "best_k.csv", index=False)
     figures = sweep_figures(runs, out)
     text = (
-        f"# Report: {folder}\n\n{len(runs)} run(s).\n\n## Runs\n\n{markdown(runs[columns])}\n\n"
+        f"# Report: {folder}\n\n{len(runs)} run(s).\n\n## Runs\n\n{frame_markdown(runs[columns])}\n\n"
         f"## Best k per draft and temperature (measured, and Thm 3.8's optimum for the measured alpha, c)\n\n"
-        f"{markdown(best) if not best.empty else 'No speculative runs.'}\n\n"
+        f"{frame_markdown(best) if not best.empty else 'No speculative runs.'}\n\n"
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n"
     )
     (out / "report.md").write_text(text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import signal
 import sys
 import threading
@@ -32,13 +31,13 @@ from specdec import Generation, Sampling, autoregressive_generate, draft_then_sc
 from specdec.models import encode_prompt
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 
-from .environment import environment, peak_memory
 from .figures import run_figures
 from .logger import make_logger
 from .pair import Pair, load_pair_once
 from .prompts import Prompt, load_prompts
+from .records import machine, peak_memory, strict_json, write_json
 from .settings import ConfigError, methods_of, sampling_of, validate
-from .summary import markdown, method_table, naive_sentence, run_metrics
+from .summary import method_markdown, method_table, naive_sentence, run_metrics
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
@@ -117,11 +116,6 @@ def warm_up(prompt: Prompt, pair: Pair, cfg: DictConfig, sampling: Sampling, met
         generate(method, pair, ids, cfg, sampling, cfg.warmup_tokens)
 
 
-def strict_json(value: object) -> object:
-    """NaN and infinities become null, so results.jsonl is plain JSON."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def append_rows(path: Path, rows: list[dict]) -> None:
     with open(path, "a") as f:
         f.writelines(
@@ -177,7 +171,8 @@ def write_summary(
             f"{metrics['verify_cost']:.2f} target decode steps here (the theory assumes 1).\n\n"
         )
     settings = ", ".join(f"{key}={value}" for key, value in keys.items())
-    text = f"# Summary\n\n{settings}; prompts finished: {done}\n\n{markdown(table)}\n\n{theory}{sentence}\n"
+    table_text = method_markdown(table)
+    text = f"# Summary\n\n{settings}; prompts finished: {done}\n\n{table_text}\n\n{theory}{sentence}\n"
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
@@ -229,8 +224,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
             pair.target_quantization,
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = environment(str(cfg.device))
-    (run_dir / "environment.json").write_text(json.dumps(env, indent=2))
+    env = machine(str(cfg.device))
+    write_json(run_dir / "environment.json", env)
     keys = run_keys(cfg, pair)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
     name = f"{keys['model']}-{keys['draft_quantization']}-k{cfg.k}-T{keys['temperature']:g}"

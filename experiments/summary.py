@@ -12,6 +12,8 @@ import pandas as pd
 
 from specdec.metrics import optimal_k, walltime_improvement
 
+from .records import cell, markdown_table
+
 BASELINE = "autoregressive"
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
     "prompts": "{:.0f}",
@@ -140,11 +142,11 @@ def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
     return sentence + "."
 
 
-def markdown(table: pd.DataFrame) -> str:
+def method_markdown(table: pd.DataFrame) -> str:
     """The method table as a GitHub markdown table (NaN printed as a dash)."""
     columns = [c for c in TABLE_COLUMNS if c in table.columns and table[c].notna().any()]
-    lines = ["| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for method, row in table.iterrows():
-        cells = ["-" if pd.isna(row[c]) else TABLE_COLUMNS[c].format(row[c]) for c in columns]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [method, *(cell(float(row[c]), TABLE_COLUMNS[c]) for c in columns)]
+        for method, row in table.iterrows()
+    ]
+    return markdown_table(["method", *columns], rows)

@@ -1,4 +1,4 @@
-"""The benchmark machinery on tiny random Llama models: one repetition, keys of bench.json, the greedy check."""
+"""The benchmark machinery on tiny random Llama models: one repetition, bench.json keys, the greedy check."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ CATEGORIES = ["summarization", "retrieval", "code"]
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    target, draft = tiny_model("llama", seed=0, vocab_size=96), tiny_model("llama", seed=1, vocab_size=96, n_layers=1)
+    target, draft = (
+        tiny_model("llama", seed=0, vocab_size=96),
+        tiny_model("llama", seed=1, vocab_size=96, n_layers=1),
+    )
     g = torch.Generator().manual_seed(0)
     prompts = [Prompt(f"p{i}", category, "") for i, category in enumerate(CATEGORIES)]
     ids = {p.id: torch.randint(0, 96, (1, 12), generator=g) for p in prompts}
@@ -48,7 +51,9 @@ def test_bench_json_has_every_contender_ratio_and_goal(result, tmp_path):
     assert loaded["ratios"]["speedup_vs_hf_assisted"] == pytest.approx(ratios["speedup_vs_hf_assisted"])
     assert loaded["goals"]["vs_hf_prompt_lookup"]["target"] == GOALS["vs_hf_prompt_lookup"]
     table = (tmp_path / "bench.md").read_text()
-    assert "speedup_vs_hf_assisted" in table and "contender (tok/s) | code | retrieval | summarization" in table
+    assert (
+        "speedup_vs_hf_assisted" in table and "contender (tok/s) | code | retrieval | summarization" in table
+    )
 
 
 def test_greedy_outputs_of_all_contenders_are_identical(result):
@@ -56,20 +61,33 @@ def test_greedy_outputs_of_all_contenders_are_identical(result):
 
 
 def test_greedy_check_catches_a_different_output():
-    outputs = {"ar": {"p": [1, 2, 3]}, "hf_plain": {"p": [1, 2, 3]}, "hf_assisted": {"p": [1, 5, 3]},
-               "hf_lookup": {"p": [1, 2]}}
+    outputs = {
+        "ar": {"p": [1, 2, 3]},
+        "hf_plain": {"p": [1, 2, 3]},
+        "hf_assisted": {"p": [1, 5, 3]},
+        "hf_lookup": {"p": [1, 2]},
+    }
     check = check_identical(outputs)
     assert not check["identical"]
-    assert {(m["contender"], m["first_difference"]) for m in check["mismatches"]} == {("hf_assisted", 1), ("hf_lookup", 2)}
+    assert {(m["contender"], m["first_difference"]) for m in check["mismatches"]} == {
+        ("hf_assisted", 1),
+        ("hf_lookup", 2),
+    }
 
 
 def test_goal_entries_and_strict_json():
     entries = goal_entries({"vs_hf_assisted": 1.3, "vs_hf_prompt_lookup": float("nan"), "not_a_goal": 2.0})
-    assert entries == {"vs_hf_assisted": {"value": 1.3, "target": 1.2, "met": True},
-                       "vs_hf_prompt_lookup": {"value": None, "target": 1.15, "met": None}}
+    assert entries == {
+        "vs_hf_assisted": {"value": 1.3, "target": 1.2, "met": True},
+        "vs_hf_prompt_lookup": {"value": None, "target": 1.15, "met": None},
+    }
     assert strict_json({"a": [float("inf"), 1.0], "b": float("nan")}) == {"a": [None, 1.0], "b": None}
     assert markdown_table(["x", "y"], [["a", 0.5], ["b", None]]).splitlines() == [
-        "| x | y |", "|---|---|", "| a | 0.500 |", "| b | - |"]
+        "| x | y |",
+        "|---|---|",
+        "| a | 0.500 |",
+        "| b | - |",
+    ]
 
 
 def test_interleaved_rotates_who_runs_first():
@@ -87,7 +105,9 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     bnb = info["bitsandbytes_cpu"]
     if bnb["installed"]:
         assert bnb["fused_4bit_gemv"] in (True, False)
-        assert bnb["fused_4bit_gemv"] <= bnb["has_avx512bf16"]  # 0.50 registers the kernel only with AVX512-BF16
+        assert (
+            bnb["fused_4bit_gemv"] <= bnb["has_avx512bf16"]
+        )  # 0.50 registers the kernel only with AVX512-BF16
 
 
 def test_unknown_contender_is_refused():
@@ -109,8 +129,13 @@ def test_scaling_rows_have_every_contender():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
 def test_gpu_bench_exits_cleanly_without_cuda():
-    done = subprocess.run([sys.executable, "-m", "experiments.gpu_bench"], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.gpu_bench"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0
     assert "no CUDA" in done.stdout
     assert gpu_bench.main is not None
@@ -118,12 +143,22 @@ def test_gpu_bench_exits_cleanly_without_cuda():
 
 def test_gpu_bench_dry_run_on_cpu(tmp_path):
     """The GPU script's whole path on toy shapes, so a GPU session does not spend device time on a bug."""
-    assert gpu_bench.main(["--dry-run", "--context", "12", "--new-tokens", "6", "--repeats", "1",
-                           "--out", str(tmp_path)]) == 0
+    assert (
+        gpu_bench.main(
+            ["--dry-run", "--context", "12", "--new-tokens", "6", "--repeats", "1", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert set(result["verify_ms_by_k"]) == {"1", "2", "4", "8", "16"}
     assert set(result["loops"]["tokens_per_second"]) == {
-        "ar", "hf_plain", "spec_self", "hf_assisted_self", "spec_1b", "hf_assisted_1b"}
+        "ar",
+        "hf_plain",
+        "spec_self",
+        "hf_assisted_self",
+        "spec_1b",
+        "hf_assisted_1b",
+    }
     assert result["loops"]["identical_to_ar"]["hf_plain"]
     assert result["machine"]["cpu"]["model"]
     assert (tmp_path / "gpu_bench.md").read_text().startswith(result["date"])
