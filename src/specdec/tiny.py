@@ -27,7 +27,7 @@ ARCHITECTURES = ("llama", "gemma", "gemma2", "mistral", "mixtral", "gpt_neox", "
 def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6, **overrides):
     """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window.
 
-    overrides replace any config field (e.g. a public architecture's hidden sizes, for random-weight benchmarks).
+    overrides replace any config field (e.g. a public architecture's sizes, for random-weight benchmarks).
     """
     common = {
         "vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": n_layers, "num_attention_heads": 4,
