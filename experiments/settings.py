@@ -1,26 +1,23 @@
 """Check a composed config before any model loads, and turn its keys into library arguments.
 
-Everything here is cheap: no model, tokenizer or dataset is touched, so a bad value fails in
-milliseconds with the accepted choices in the message.
+What is allowed is declared once, in experiments/schema.py; `check_node` reads it. Everything here is
+cheap: no model, tokenizer or dataset is touched, so a bad value fails in milliseconds with the
+accepted choices in the message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from specdec.models import DTYPES, QUANTIZATIONS
 from specdec.sampling import Sampling
 
-METHODS = ("autoregressive", "speculative", "naive")  # autoregressive = target-only baseline
-METHOD_CHOICES = ("speculative", "naive", "autoregressive", "all")
-DRAFT_KINDS = ("model", "quantized_copy", "truncated_copy", "ngram")
-APPLIES_TO = ("target", "draft", "both")
-DATASET_SOURCES = ("json", "hub")
-LOGGER_KINDS = ("wandb", "none")
-WANDB_MODES = ("offline", "online")
+from .schema import DRAFT_NEEDS, DraftKind, Method, RunConfig
+
+BASELINE = Method.AUTOREGRESSIVE.value
 
 
 class ConfigError(ValueError):
@@ -32,14 +29,32 @@ def check_choice(value: object, choices: tuple[str, ...], key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not supported; choices: {', '.join(choices)}")
 
 
-def check_int(value: object, key: str, minimum: int) -> None:
+def check_int(value: object, key: str, minimum: int, also: tuple[str, ...] = ()) -> None:
+    if value in also:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        accepted = "".join(f" or {a!r}" for a in also)
+        raise ConfigError(f"{key} must be an integer >= {minimum}{accepted}, got {value!r}")
 
 
-def check_optional_int(value: object, key: str, minimum: int) -> None:
-    if value is not None:
-        check_int(value, key, minimum)
+def check_node(node: DictConfig, schema: type, prefix: str = "") -> None:
+    """Every key of `node` against its field in the schema dataclass: set, one of its choices, in its bounds."""
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        if OmegaConf.is_missing(node, f.name):
+            raise ConfigError(f"{key} must be set")
+        value = node[f.name]
+        if dataclasses.is_dataclass(f.type):  # a nested group
+            check_node(value, f.type, f"{key}.")
+            continue
+        meta = f.metadata
+        if value is None and meta.get("optional"):
+            continue
+        if "choices" in meta:
+            check_choice(value, meta["choices"], key)
+        if "minimum" in meta:
+            minimum = meta["minimum"]
+            check_int(value, key, node[minimum] if isinstance(minimum, str) else minimum, meta["also"])
 
 
 def sampling_of(cfg: DictConfig) -> Sampling:
@@ -59,14 +74,16 @@ def sampling_of(cfg: DictConfig) -> Sampling:
 
 def has_draft_model(cfg: DictConfig) -> bool:
     """Whether the pair's drafter is a language model (the naive method needs one)."""
-    return cfg.model.draft.kind != "ngram"
+    return cfg.model.draft.kind != DraftKind.NGRAM
 
 
 def methods_of(cfg: DictConfig) -> list[str]:
     """Methods to run, baseline first; method=all drops naive when the draft is not a model."""
-    if cfg.method == "all":
-        return [m for m in METHODS if m != "naive" or has_draft_model(cfg)]
-    return ["autoregressive"] if cfg.method == "autoregressive" else ["autoregressive", cfg.method]
+    method = Method(cfg.method)
+    if method is Method.ALL:
+        others = [m for m in Method if m not in (Method.ALL, Method.AUTOREGRESSIVE)]
+        return [BASELINE] + [m.value for m in others if m is not Method.NAIVE or has_draft_model(cfg)]
+    return [BASELINE] if method is Method.AUTOREGRESSIVE else [BASELINE, method.value]
 
 
 def quantization_of(cfg: DictConfig, role: str) -> str:
@@ -78,9 +95,9 @@ def quantization_of(cfg: DictConfig, role: str) -> str:
 def draft_quantization(cfg: DictConfig) -> str:
     """The draft's effective quantization: a quantized copy keeps its own unless the group overrides it."""
     draft = cfg.model.draft
-    if draft.kind == "model":
+    if draft.kind == DraftKind.MODEL:
         return quantization_of(cfg, "draft")
-    if draft.kind == "quantized_copy":
+    if draft.kind == DraftKind.QUANTIZED_COPY:
         override = quantization_of(cfg, "draft")
         return override if override != "none" else draft.quantization
     return "none"
@@ -102,63 +119,24 @@ def check_device(device: str) -> None:
         raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
-def check_model(cfg: DictConfig) -> None:
-    model = cfg.model
-    for key in ("name", "target", "draft"):
-        if key not in model:
-            raise ConfigError(f"the model pair config lacks model.{key}; see conf/model/smollm2.yaml")
-    draft = model.draft
-    check_choice(draft.get("kind"), DRAFT_KINDS, "model.draft.kind")
-    if draft.kind == "model" and not draft.get("name"):
-        raise ConfigError("model.draft.kind=model needs model.draft.name (a hub id or local folder)")
-    if draft.kind == "quantized_copy":
-        check_choice(draft.get("quantization"), QUANTIZATIONS, "model.draft.quantization")
-        if draft.get("compute_dtype") is not None:
-            check_choice(draft.compute_dtype, tuple(DTYPES), "model.draft.compute_dtype")
-    if draft.kind == "truncated_copy":
-        check_int(draft.get("n_layers"), "model.draft.n_layers", 1)
-    if draft.kind == "ngram":
-        check_int(draft.get("min_ngram"), "model.draft.min_ngram", 1)
-        check_int(draft.get("max_ngram"), "model.draft.max_ngram", draft.min_ngram)
-
-
-def check_dataset(ds: DictConfig) -> None:
-    check_choice(ds.get("source"), DATASET_SOURCES, "dataset.source")
-    for key in ("name", "path", "template"):
-        if not ds.get(key):
-            raise ConfigError(f"dataset.{key} must be set")
-    check_optional_int(ds.get("n_prompts"), "dataset.n_prompts", 1)
-    check_optional_int(ds.get("n_per_category"), "dataset.n_per_category", 1)
-    categories = ds.get("categories")
-    if categories is not None and (isinstance(categories, str) or len(categories) == 0):
-        raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
-
-
-def check_logger(logger: DictConfig) -> None:
-    check_choice(logger.get("kind"), LOGGER_KINDS, "logger.kind")
-    if logger.kind == "wandb":
-        check_choice(logger.get("mode"), WANDB_MODES, "logger.mode")
+def check_draft(draft: DictConfig) -> None:
+    """The keys the draft's kind needs (the schema leaves them optional because other kinds omit them)."""
+    for key in DRAFT_NEEDS[DraftKind(draft.kind)]:
+        if draft[key] is None:
+            raise ConfigError(f"model.draft.kind={draft.kind} needs model.draft.{key}; see conf/model/")
 
 
 def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
-    check_choice(cfg.method, METHOD_CHOICES, "method")
-    check_int(cfg.k, "k", 1)
-    check_int(cfg.max_new_tokens, "max_new_tokens", 1)
-    check_int(cfg.warmup_tokens, "warmup_tokens", 1)
-    check_int(cfg.seed, "seed", 0)
-    check_optional_int(cfg.get("threads"), "threads", 1)
+    check_node(cfg, RunConfig)
     sampling_of(cfg)
-    check_choice(cfg.dtype, tuple(DTYPES), "dtype")
-    check_choice(cfg.quantization.mode, QUANTIZATIONS, "quantization.mode")
-    check_choice(cfg.quantization.applies_to, APPLIES_TO, "quantization.applies_to")
-    check_choice(cfg.quantization.compute_dtype, tuple(DTYPES), "quantization.compute_dtype")
-    check_model(cfg)
-    if cfg.method == "naive" and not has_draft_model(cfg):
+    check_draft(cfg.model.draft)
+    if cfg.method == Method.NAIVE and not has_draft_model(cfg):
         raise ConfigError(
             f"method=naive needs a draft model, but model={cfg.model.name} drafts with an n-gram lookup; "
             "use model=smollm2 (or another pair with a draft model), or method=speculative"
         )
-    check_dataset(cfg.dataset)
-    check_logger(cfg.logger)
+    categories = cfg.dataset.categories
+    if categories is not None and (isinstance(categories, str) or len(categories) == 0):
+        raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
     check_device(str(cfg.device))

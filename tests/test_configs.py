@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
@@ -26,11 +25,6 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def make_cfg(*overrides: str, hydra: bool = False):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
-
-
 def cpu(cfg) -> None:
     """Hub pairs default to CUDA; validate them as if asked for the CPU."""
     cfg.device = "cpu"
@@ -42,7 +36,7 @@ def test_every_group_has_options() -> None:
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
-def test_option_composes_and_validates(group: str, option: str) -> None:
+def test_option_composes_and_validates(group: str, option: str, make_cfg) -> None:
     cfg = make_cfg(f"{group}={option}")
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     cpu(cfg)
@@ -50,7 +44,7 @@ def test_option_composes_and_validates(group: str, option: str) -> None:
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_experiment_sweep_jobs_compose(experiment: str) -> None:
+def test_experiment_sweep_jobs_compose(experiment: str, make_cfg) -> None:
     """Each job of an experiment's sweep (hydra.sweeper.params) composes and validates."""
     cfg = make_cfg(f"experiment={experiment}", hydra=True)
     params = cfg.hydra.sweeper.params or {}
@@ -60,7 +54,7 @@ def test_experiment_sweep_jobs_compose(experiment: str) -> None:
         validate(job_cfg)
 
 
-def test_experiments_state_only_what_changes() -> None:
+def test_experiments_state_only_what_changes(make_cfg) -> None:
     """An experiment file sets a few keys; everything else comes from config.yaml."""
     base = OmegaConf.to_container(make_cfg(), resolve=True)
     for experiment in options("experiment"):
@@ -69,7 +63,7 @@ def test_experiments_state_only_what_changes() -> None:
         assert 0 < len(changed) <= 5, (experiment, changed)
 
 
-def test_article_table_matches_the_article() -> None:
+def test_article_table_matches_the_article(make_cfg) -> None:
     cfg = make_cfg("experiment=article_table")
     assert cfg.max_new_tokens == 200
     assert cfg.method == "all"
@@ -90,7 +84,7 @@ def test_readme_command_composes() -> None:
     assert job.k == 4
 
 
-def test_hub_pairs_default_to_cuda_bfloat16_and_mark_gated() -> None:
+def test_hub_pairs_default_to_cuda_bfloat16_and_mark_gated(make_cfg) -> None:
     for option in options("model"):
         cfg = make_cfg(f"model={option}")
         if cfg.model.target.name.startswith("offline:"):
@@ -102,7 +96,7 @@ def test_hub_pairs_default_to_cuda_bfloat16_and_mark_gated() -> None:
     assert make_cfg("model=qwen25").model.target.gated is False
 
 
-def test_unknown_option_lists_the_choices() -> None:
+def test_unknown_option_lists_the_choices(make_cfg) -> None:
     with pytest.raises(MissingConfigException, match="smollm2"):
         make_cfg("model=no_such_pair")
 
@@ -110,6 +104,9 @@ def test_unknown_option_lists_the_choices() -> None:
 BAD = [
     (["k=0"], "k must be an integer >= 1"),
     (["k=2.5"], "k must be an integer"),
+    (["k=often"], "k must be an integer >= 1 or 'auto'"),
+    (["k_max=0"], "k_max must be an integer >= 1"),
+    (["model=smollm2_ngram", "model.draft.max_ngram=0"], "max_ngram must be an integer >= 1"),
     (["temperature=-1"], "temperature must be >= 0"),
     (["temperature=hot"], "must be numbers"),
     (["top_p=0"], "top_p must be in"),
@@ -134,12 +131,33 @@ BAD = [
 
 
 @pytest.mark.parametrize("overrides,message", BAD)
-def test_bad_values_are_refused(overrides: list[str], message: str) -> None:
+def test_bad_values_are_refused(overrides: list[str], message: str, make_cfg) -> None:
     with pytest.raises(ConfigError, match=message):
         validate(make_cfg(*overrides))
 
 
-def test_cuda_refused_without_a_gpu() -> None:
+def test_k_auto_is_accepted(make_cfg) -> None:
+    cfg = make_cfg("k=auto", "k_max=6")
+    validate(cfg)
+    assert (cfg.k, cfg.k_max) == ("auto", 6)
+
+
+def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:
+    """The schema (experiments/schema.py) fixes the keys: a typo fails before validate runs."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="temprature"):
+        make_cfg("temprature=1")
+
+
+def test_quantization_options_change_only_the_mode(make_cfg) -> None:
+    base = make_cfg("quantization=none").quantization
+    for option in options("quantization"):
+        q = make_cfg(f"quantization={option}").quantization
+        assert (q.mode, q.applies_to, q.compute_dtype) == (option, base.applies_to, base.compute_dtype)
+
+
+def test_cuda_refused_without_a_gpu(make_cfg) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -148,7 +166,7 @@ def test_cuda_refused_without_a_gpu() -> None:
         validate(make_cfg("model=gemma2"))
 
 
-def test_methods_and_quantization_plan() -> None:
+def test_methods_and_quantization_plan(make_cfg) -> None:
     assert methods_of(make_cfg()) == ["autoregressive", "speculative", "naive"]
     assert methods_of(make_cfg("model=smollm2_ngram")) == ["autoregressive", "speculative"]
     assert methods_of(make_cfg("method=naive")) == ["autoregressive", "naive"]
@@ -161,7 +179,7 @@ def test_methods_and_quantization_plan() -> None:
     assert draft_quantization(make_cfg("model=smollm2_ngram", "quantization=nf4")) == "none"
 
 
-def test_bundled_and_article_prompts() -> None:
+def test_bundled_and_article_prompts(make_cfg) -> None:
     every = load_prompts(make_cfg("dataset.n_per_category=null").dataset)
     assert len(every) == 28
     assert len({p.category for p in every}) == 7
@@ -180,7 +198,7 @@ def test_bundled_and_article_prompts() -> None:
     assert [p.category for p in two] == ["math"] * 4 + ["code"] * 2
 
 
-def test_unknown_category_lists_the_choices() -> None:
+def test_unknown_category_lists_the_choices(make_cfg) -> None:
     with pytest.raises(ConfigError, match="retrieval"):
         load_prompts(make_cfg("dataset.categories=[poetry]").dataset)
 
@@ -207,7 +225,7 @@ def test_hub_dataset_offline_says_what_to_do() -> None:
     assert "dataset=bundled or dataset=article" in out.stderr
 
 
-def test_sweep_jobs_share_a_pair_when_the_weights_are_the_same() -> None:
+def test_sweep_jobs_share_a_pair_when_the_weights_are_the_same(make_cfg) -> None:
     assert pair_key(make_cfg("quantization=none")) == pair_key(
         make_cfg("quantization=nf4", "k=8", "temperature=1")
     )
@@ -215,7 +233,7 @@ def test_sweep_jobs_share_a_pair_when_the_weights_are_the_same() -> None:
     assert pair_key(make_cfg()) != pair_key(make_cfg("model=smollm2_ngram"))
 
 
-def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog) -> None:
+def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog, make_cfg) -> None:
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
 from experiments import run as run_module
 from experiments.report import report
@@ -26,13 +25,8 @@ SMOKE = [  # the weak pair loads without quantizing: the fastest pair with all t
 FIGURES = {"tokens_per_second", "acceptance_by_position", "accepted_length", "speedup_vs_theory"}
 
 
-def make_cfg(*overrides: str):
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(tmp_path_factory, make_cfg) -> Path:
     """One offline run with W&B offline into a temporary folder, shared by the checks below."""
     folder = tmp_path_factory.mktemp("run")
     run_experiment(make_cfg(*SMOKE, "logger=wandb_offline"), folder)
@@ -83,7 +77,7 @@ def test_report_on_a_run(run_dir: Path) -> None:
     assert {p.stem for p in out.glob("*.png")} == {"speedup_vs_k", "alpha", "measured_on_theory"}
 
 
-def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch) -> None:
+def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch, make_cfg) -> None:
     """Ctrl-C after the first prompt: its rows, a summary from them, and a clean exit code 130."""
     real = run_module.prompt_rows
     calls = []
