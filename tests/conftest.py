@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -37,3 +39,17 @@ def smollm2():
     target = load_model(name)
     draft = load_model(name, quantization="nf4", compute_dtype="bfloat16")
     return target, load_tokenizer(name), draft
+
+
+@pytest.fixture(scope="session")
+def make_cfg():
+    """compose(*overrides, hydra=False): conf/config.yaml composed with command-line overrides, nothing run."""
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+
+    def compose_config(*overrides: str, hydra: bool = False):
+        from hydra import compose, initialize_config_dir  # here: most tests need no Hydra
+
+        with initialize_config_dir(conf, version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+    return compose_config
