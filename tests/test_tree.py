@@ -1,0 +1,299 @@
+"""Token trees: mask and positions, KV-cache compaction, greedy equality, clear errors, exactness.
+
+Greedy: every tree drafter reproduces the target's own greedy output on the seven tiny architectures,
+sliding windows (shorter than the generation) included. Compaction: after a tree pass and keeping one
+path, the cache gives the logits of a recomputation from scratch. Sampling: whole continuations follow
+the target's distribution (chi-square against exact enumeration, goodness_of_fit), and the same
+test rejects a tree whose distinct children are verified with the i.i.d. rule and the original q.
+"""
+
+import pytest
+import torch
+from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
+from transformers import DynamicCache
+
+from specdec import (
+    GREEDY,
+    ChainTreeDrafter,
+    HybridTreeDrafter,
+    ModelTreeDrafter,
+    NGramDrafter,
+    NGramTreeDrafter,
+    Sampling,
+    TreeDraft,
+    tree_generate,
+)
+from specdec.cached import CachedLM
+from specdec.exact import sequence_distribution
+from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.tree import tree_logits, tree_mask, verify_tree
+from specdec.tree_accept import DETERMINISTIC, DISTINCT, IID
+
+PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
+N_NEW = 30
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[-1] :]
+
+
+def hand_tree(tokens, parents, vocab=32, mode=DETERMINISTIC):
+    ids = torch.tensor(tokens)
+    q = torch.nn.functional.one_hot(ids, vocab).float()
+    return TreeDraft(ids, torch.tensor(parents), q, torch.full((len(tokens),), mode))
+
+
+# ---------------------------------------------------------------- mask and positions
+
+
+def test_mask_on_a_hand_built_tree():
+    """Root children 0 and 1; node 2 under 0; node 3 under 2. Two tail tokens, three cached tokens."""
+    tree = hand_tree([4, 5, 6, 7], [-1, -1, 0, 2])
+    assert tree.depths() == [1, 1, 2, 3]
+    depths = torch.tensor(tree.depths())
+    seen = tree_mask(tree.ancestors(), depths, cached=3, tail=2, visible=3, window=None)
+    expected = torch.tensor(
+        [  # keys: 3 cached | 2 tail | nodes 0 1 2 3
+            [1, 1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 1, 0, 0],
+            [1, 1, 1, 1, 1, 1, 0, 1, 0],
+            [1, 1, 1, 1, 1, 1, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(seen, expected)
+    # a window of 3: query positions 3, 4 (tail), 5, 5, 6, 7 (nodes); keys at positions 0, 1, 2 (cached), 3, 4, ...
+    windowed = tree_mask(tree.ancestors(), depths, cached=3, tail=2, visible=3, window=3)
+    key_positions = torch.tensor([0, 1, 2, 3, 4, 5, 5, 6, 7])
+    query_positions = torch.tensor([3, 4, 5, 5, 6, 7])
+    assert torch.equal(windowed, expected & (query_positions[:, None] - key_positions[None, :] < 3))
+    assert not windowed[5, :5].any() and windowed[5, 7:].all()  # node 3 (position 7) sees only 5..7 on its path
+
+
+# ---------------------------------------------------------------- compaction equals recomputation
+
+COMPACT_ARCHS = ["llama", "gemma2", "mistral", "qwen2", "gpt_neox"]
+SEQUENCE = torch.tensor([[0, 5, 3, 7, 5, 3, 9, 2, 4, 1]])  # longer than the sliding window (6)
+
+
+def scratch_logits(model, ids):
+    with torch.inference_mode():
+        return model(ids).logits[0]  # (L, V)
+
+
+@pytest.mark.parametrize("arch", COMPACT_ARCHS)
+@pytest.mark.parametrize("plain_dynamic", [False, True], ids=["growing", "dynamic"])
+def test_tree_pass_and_compaction_equal_recomputation(arch, plain_dynamic):
+    model = tiny_model(arch, seed=0, scale=4.0)
+    lm = CachedLM(model)
+    if plain_dynamic:
+        lm.cache = DynamicCache(config=model.config)  # transformers' own layers, concatenating
+    lm.forward(SEQUENCE[:, :7], last_only=True)  # prefill; the sequence's last 3 tokens are the unseen tail
+    tree = hand_tree([11, 12, 13, 14, 15, 16, 17], [-1, 0, 1, -1, 3, 1, 5])
+    logits = tree_logits(lm, SEQUENCE, tree)  # (3 + 7, V)
+    for path in ([3, 4], [0, 1, 5, 6]):
+        reference = scratch_logits(model, torch.cat([SEQUENCE, tree.tokens[path][None]], dim=-1))
+        torch.testing.assert_close(logits[:3], reference[7:10], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[3 + torch.tensor(path)], reference[10:], atol=1e-4, rtol=1e-4)
+    path = [0, 1, 5, 6]
+    lm.compact(tree.size, torch.tensor(path))
+    assert lm.length == SEQUENCE.shape[-1] + len(path)
+    after = torch.cat([SEQUENCE, tree.tokens[path][None], torch.tensor([[8, 6]])], dim=-1)
+    torch.testing.assert_close(lm.advance(after), scratch_logits(model, after)[-2:], atol=1e-4, rtol=1e-4)
+    # a second tree after the compacted path, then a crop-free continuation
+    second = hand_tree([2, 3, 4], [-1, -1, 1])
+    logits = tree_logits(lm, torch.cat([after, torch.tensor([[7]])], dim=-1), second)
+    lm.compact(second.size, torch.tensor([1, 2]))
+    final = torch.cat([after, torch.tensor([[7, 3, 4, 5]])], dim=-1)
+    torch.testing.assert_close(logits[-2:], scratch_logits(model, final)[-3:-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lm.advance(final), scratch_logits(model, final)[-1:], atol=1e-4, rtol=1e-4)
+
+
+def test_eager_attention_takes_the_float_mask():
+    model = tiny_model("llama", seed=0, scale=4.0)
+    model.set_attn_implementation("eager")
+    lm = CachedLM(model)
+    lm.forward(SEQUENCE[:, :7], last_only=True)
+    tree = hand_tree([11, 12, 13], [-1, -1, 1])
+    logits = tree_logits(lm, SEQUENCE, tree)
+    reference = scratch_logits(model, torch.cat([SEQUENCE, torch.tensor([[12, 13]])], dim=-1))
+    torch.testing.assert_close(logits[[2, 4, 5]], reference[[9, 10, 11]], atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- greedy equality
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch_case(request):
+    target = tiny_model(request.param, seed=0, scale=20.0)
+    return request.param, target, perturbed_copy(target, 0.15), hf_greedy(target, PROMPT, N_NEW)
+
+
+DRAFTERS = {
+    "ngram_trie": lambda d: NGramTreeDrafter(matches=3, depth=6, nodes=12),
+    "ngram_chain": lambda d: ChainTreeDrafter(NGramDrafter(), k=4),
+    "model_top": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=5, nodes=14, children="top"),
+    "model_iid": lambda d: ModelTreeDrafter(d, branches=(2, 2), depth=5, children="iid"),
+    "model_distinct": lambda d: ModelTreeDrafter(d, branches=(3,), depth=6, children="distinct"),
+    "hybrid": lambda d: HybridTreeDrafter(NGramTreeDrafter(nodes=6), ModelTreeDrafter(d, branches=(2,), depth=4)),
+}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_tree_greedy_equals_target_greedy(arch_case, name):
+    arch, target, draft, reference = arch_case
+    out = tree_generate(target, DRAFTERS[name](draft), PROMPT, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, reference), (arch, name)
+    assert out.stats.emitted == N_NEW
+    assert out.stats.target_forwards == len(out.stats.tree_nodes) < N_NEW  # some draft tokens were accepted
+
+
+def test_model_tree_branches_and_accepts_off_the_first_branch():
+    """The top-2 tree of a far draft accepts its second root child in some rounds: branching pays."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    drafter = ModelTreeDrafter(perturbed_copy(target, 0.6), branches=(2,), depth=3, children="top")
+    out = tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, hf_greedy(target, PROMPT, N_NEW))
+    assert max(out.stats.tree_nodes) > max(out.stats.tree_depths)  # really a tree
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "qwen2"])
+def test_one_token_prompt_with_a_tree_wider_than_the_window(arch):
+    """No prefill; the first pass (1 + 10 nodes) is longer than the window (6)."""
+    target = tiny_model(arch, seed=0, scale=4.0, vocab_size=16)
+    prompt = torch.tensor([[0]])
+    drafter = ModelTreeDrafter(perturbed_copy(target, 0.5), branches=(3, 2), depth=8, nodes=10)
+    out = tree_generate(target, drafter, prompt, sampling=GREEDY, max_new_tokens=20)
+    assert torch.equal(out.tokens, hf_greedy(target, prompt, 20))
+
+
+def test_ngram_trie_merges_matches_latest_first():
+    seq = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2]])
+    tree = NGramTreeDrafter(max_ngram=2, min_ngram=2, matches=2, depth=3, nodes=16).propose(seq, 3, GREEDY, 8, None)
+    # "1 2" occurs at 3 (then 4 1 2) and at 0 (then 3 1 2): two branches, the later match first
+    assert tree.tokens.tolist() == [4, 1, 2, 3, 1, 2]
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4]
+    assert (tree.modes == DETERMINISTIC).all() and torch.equal(tree.q.argmax(-1), tree.tokens)
+    small = NGramTreeDrafter(max_ngram=2, min_ngram=1, matches=4, depth=3, nodes=4).propose(seq, 3, GREEDY, 8, None)
+    assert small.size == 4
+
+
+# ---------------------------------------------------------------- clear errors
+
+
+def test_empty_tree_is_refused_by_verification():
+    lm = CachedLM(tiny_model("llama"))
+    empty = TreeDraft(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, 32),
+                      torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="tree is empty"):
+        verify_tree(lm, PROMPT, empty, GREEDY, 32)
+
+
+@pytest.mark.parametrize("parents", [[-1, 2, 0], [-1, 0, 5], [-1, -2, 0], [-1, 1, 0]])
+def test_parent_out_of_range_or_not_topological(parents):
+    lm = CachedLM(tiny_model("llama"))
+    with pytest.raises(ValueError, match="parent must be -1"):
+        verify_tree(lm, PROMPT, hand_tree([1, 2, 3], parents), GREEDY, 32)
+
+
+def test_tree_wider_than_the_pass_limit():
+    target = tiny_model("llama", seed=0, scale=20.0)
+    drafter = ModelTreeDrafter(target, branches=(3, 2), depth=4, nodes=12)
+    with pytest.raises(ValueError, match="pass limit is max_nodes=8"):
+        tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=10, max_nodes=8)
+
+
+def test_batch_size_above_one_is_refused():
+    target = tiny_model("llama")
+    with pytest.raises(ValueError, match="batch size 2"):
+        tree_generate(target, NGramTreeDrafter(), PROMPT.repeat(2, 1), sampling=GREEDY, max_new_tokens=4)
+
+
+def test_backend_without_4d_mask_is_refused():
+    target = tiny_model("llama")
+    target.config._attn_implementation = "flash_attention_2"  # only the name is read before any forward
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        tree_generate(target, NGramTreeDrafter(), PROMPT, sampling=GREEDY, max_new_tokens=4)
+
+
+def test_bad_drafter_settings():
+    with pytest.raises(ValueError, match="children must be one of"):
+        ModelTreeDrafter(tiny_model("llama"), children="beam")
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramTreeDrafter(max_ngram=1, min_ngram=2)
+
+
+# ---------------------------------------------------------------- exactness at sequence level
+
+N_TOKENS = 3
+REPEATING = torch.tensor([[0, 3, 1, 2, 3, 1, 2, 4, 3, 1]])  # n-gram matches exist
+
+
+def model_tree(children, branches=(3,)):
+    return lambda draft: ModelTreeDrafter(draft, branches=branches, depth=3, nodes=8, children=children)
+
+
+EXACT_CASES = [
+    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=3, nodes=8), Sampling(1.0), id="ngram-T1"),
+    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=3, nodes=8), Sampling(0.5, top_k=3), id="ngram-T0.5-topk"),
+    pytest.param(model_tree("top", (3, 2)), Sampling(1.0), id="top-T1"),
+    pytest.param(model_tree("top"), Sampling(1.5, top_p=0.8), id="top-T1.5-topp"),
+    pytest.param(model_tree("iid", (3, 2)), Sampling(1.0), id="iid-T1"),
+    pytest.param(model_tree("iid"), Sampling(0.5), id="iid-T0.5"),
+    pytest.param(model_tree("distinct", (3, 2)), Sampling(1.5), id="distinct-T1.5"),
+    pytest.param(model_tree("distinct"), Sampling(1.0, top_k=3), id="distinct-topk"),
+    pytest.param(model_tree("distinct"), Sampling(1.0, top_p=0.8), id="distinct-topp"),
+    pytest.param(
+        lambda d: HybridTreeDrafter(NGramTreeDrafter(matches=2, depth=3, nodes=4), model_tree("distinct")(d)),
+        Sampling(1.0),
+        id="hybrid-T1",
+    ),
+]
+
+
+@pytest.mark.parametrize("make, sampling", EXACT_CASES)
+def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
+    target, draft = small_vocab_pair
+    drafter = make(draft)
+
+    def generate(g):
+        return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) > PASS
+
+
+class OriginalQ:
+    """A deliberately wrong tree: distinct children relabelled i.i.d. and given the original q row."""
+
+    def __init__(self, drafter):
+        self.drafter, self.vocab_size = drafter, drafter.vocab_size
+
+    def start(self, prompt):
+        self.drafter.start(prompt)
+
+    def rollback(self, length):
+        self.drafter.rollback(length)
+
+    def propose(self, *args):
+        tree = self.drafter.propose(*args)
+        q = tree.q.clone()
+        for parent in set(tree.parents.tolist()):
+            kids = (tree.parents == parent).nonzero().flatten()
+            q[kids] = tree.q[kids[0]]
+        return TreeDraft(tree.tokens, tree.parents, q, torch.where(tree.modes == DISTINCT, IID, tree.modes))
+
+
+def test_chi_square_rejects_iid_rule_on_distinct_children(small_vocab_pair):
+    target, draft = small_vocab_pair
+    sampling = Sampling(1.0)
+    drafter = OriginalQ(ModelTreeDrafter(draft, branches=(3, 3), depth=3, nodes=12, children="distinct"))
+
+    def generate(g):
+        return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) < REJECT
