@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter
 from specdec.models import check_tokenizers, layer_truncated_copy, load_model, load_tokenizer
 
+from .schema import DraftKind
 from .settings import draft_quantization, quantization_of
 
 log = logging.getLogger(__name__)
@@ -95,24 +96,41 @@ def tokenizer_of(name: str) -> PreTrainedTokenizerBase:
 
 def draft_compute_dtype(cfg: DictConfig) -> str | None:
     """The group's compute dtype when it quantizes the draft, else the copy's own."""
-    if quantization_of(cfg, "draft") != "none" or cfg.model.draft.kind == "model":
+    if quantization_of(cfg, "draft") != "none" or cfg.model.draft.kind == DraftKind.MODEL:
         return cfg.quantization.compute_dtype
-    return cfg.model.draft.get("compute_dtype")
+    return cfg.model.draft.compute_dtype
 
 
-def load_draft(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
-    """(draft model or None, its tokenizer or None) for the pair's draft kind."""
-    spec, target_name = cfg.model.draft, cfg.model.target.name
-    if spec.kind == "ngram":
-        return None, None
-    if spec.kind == "truncated_copy":
-        return layer_truncated_copy(target, spec.n_layers), tokenizer
-    if spec.kind == "quantized_copy":
-        return load(target_name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg)), tokenizer
+Loaded = tuple[PreTrainedModel | None, PreTrainedTokenizerBase | None]  # (draft model, its tokenizer)
+
+
+def no_draft_model(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
+    return None, None
+
+
+def truncated_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
+    return layer_truncated_copy(target, cfg.model.draft.n_layers), tokenizer
+
+
+def quantized_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
+    return load(cfg.model.target.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg)), tokenizer
+
+
+def second_model(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
+    """A second model; its tokenizer must be the target's."""
+    spec = cfg.model.draft
     warn_if_gated(spec)
     draft_tokenizer = tokenizer_of(spec.name)
-    check_tokenizers(tokenizer, draft_tokenizer, target_name, spec.name)
+    check_tokenizers(tokenizer, draft_tokenizer, cfg.model.target.name, spec.name)
     return load(spec.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg)), draft_tokenizer
+
+
+LOAD_DRAFT: dict[DraftKind, Callable[[DictConfig, PreTrainedModel, PreTrainedTokenizerBase], Loaded]] = {
+    DraftKind.MODEL: second_model,
+    DraftKind.QUANTIZED_COPY: quantized_copy,
+    DraftKind.TRUNCATED_COPY: truncated_copy,
+    DraftKind.NGRAM: no_draft_model,
+}
 
 
 def load_pair(cfg: DictConfig) -> Pair:
@@ -122,7 +140,7 @@ def load_pair(cfg: DictConfig) -> Pair:
     target_quantization = quantization_of(cfg, "target")
     target = load(spec.target.name, cfg, target_quantization, cfg.quantization.compute_dtype)
     tokenizer = tokenizer_of(spec.target.name)
-    draft_model, draft_tokenizer = load_draft(cfg, target, tokenizer)
+    draft_model, draft_tokenizer = LOAD_DRAFT[DraftKind(spec.draft.kind)](cfg, target, tokenizer)
     if draft_model is None:
         drafter: Drafter = NGramDrafter(max_ngram=spec.draft.max_ngram, min_ngram=spec.draft.min_ngram)
     else:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from .schema import DatasetSource
 from .settings import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -21,21 +23,24 @@ class Prompt:
     text: str  # the user message (chat template not applied yet)
 
 
-def open_rows(ds: DictConfig) -> list[dict]:
-    """Rows of the configured dataset: a local json file, or the first rows of a streamed Hub dataset."""
+def json_rows(ds: DictConfig) -> list[dict]:
+    """Every row of a local JSON Lines file (a path relative to the repository root, or absolute)."""
     import datasets  # heavy; imported when prompts are needed
 
-    if ds.source == "json":
-        path = Path(ds.path) if Path(ds.path).is_absolute() else REPO_ROOT / ds.path
-        if not path.exists():
-            raise ConfigError(f"dataset.path: {path} does not exist")
-        return list(datasets.load_dataset("json", data_files=str(path), split=ds.get("split", "train")))
-    filtered = ds.get("categories") is not None or ds.get("n_per_category") is not None
-    n_rows = HUB_ROWS_MAX if filtered or ds.get("n_prompts") is None else ds.n_prompts
+    path = Path(ds.path) if Path(ds.path).is_absolute() else REPO_ROOT / ds.path
+    if not path.exists():
+        raise ConfigError(f"dataset.path: {path} does not exist")
+    return list(datasets.load_dataset("json", data_files=str(path), split=ds.split))
+
+
+def hub_rows(ds: DictConfig) -> list[dict]:
+    """The first rows of a streamed Hub dataset: n_prompts, or HUB_ROWS_MAX when filters choose."""
+    import datasets
+
+    filtered = ds.categories is not None or ds.n_per_category is not None
+    n_rows = HUB_ROWS_MAX if filtered or ds.n_prompts is None else ds.n_prompts
     try:
-        rows = datasets.load_dataset(
-            ds.path, ds.get("subset"), split=ds.split, revision=ds.get("revision"), streaming=True
-        )
+        rows = datasets.load_dataset(ds.path, ds.subset, split=ds.split, revision=ds.revision, streaming=True)
         return list(itertools.islice(rows, n_rows))  # streamed: only these rows are downloaded
     except Exception as e:  # offline, unknown id, gated: all end the same way
         raise RuntimeError(
@@ -43,6 +48,17 @@ def open_rows(ds: DictConfig) -> list[dict]:
             "It needs network access to the Hugging Face Hub (and `hf auth login` for gated datasets). "
             "Offline, use the prompt sets in data/: dataset=bundled or dataset=article."
         ) from e
+
+
+OPEN_ROWS: dict[DatasetSource, Callable[[DictConfig], list[dict]]] = {
+    DatasetSource.JSON: json_rows,
+    DatasetSource.HUB: hub_rows,
+}
+
+
+def open_rows(ds: DictConfig) -> list[dict]:
+    """Rows of the configured dataset, read as its source says."""
+    return OPEN_ROWS[DatasetSource(ds.source)](ds)
 
 
 def to_prompt(row: dict, index: int, ds: DictConfig) -> Prompt:
@@ -53,20 +69,20 @@ def to_prompt(row: dict, index: int, ds: DictConfig) -> Prompt:
         raise ConfigError(
             f"dataset.template {ds.template!r} refers to {e}, not a field of {sorted(row)}"
         ) from e
-    pid = str(row[ds.id_field]) if ds.get("id_field") else f"{ds.name}-{index}"
-    category = str(row[ds.category_field]) if ds.get("category_field") else ds.name
+    pid = str(row[ds.id_field]) if ds.id_field else f"{ds.name}-{index}"
+    category = str(row[ds.category_field]) if ds.category_field else ds.name
     return Prompt(pid, category, text)
 
 
 def select(prompts: list[Prompt], ds: DictConfig) -> list[Prompt]:
     """Apply the category filter, the per-category limit and the overall limit, in that order."""
-    if ds.get("categories") is not None:
+    if ds.categories is not None:
         known = sorted({p.category for p in prompts})
         unknown = sorted(set(ds.categories) - set(known))
         if unknown:
             raise ConfigError(f"dataset.categories: {unknown} not in dataset {ds.name}; choices: {known}")
         prompts = [p for p in prompts if p.category in set(ds.categories)]
-    if ds.get("n_per_category") is not None:
+    if ds.n_per_category is not None:
         seen: dict[str, int] = {}
         kept = []
         for p in prompts:
@@ -74,7 +90,7 @@ def select(prompts: list[Prompt], ds: DictConfig) -> list[Prompt]:
             if seen[p.category] <= ds.n_per_category:
                 kept.append(p)
         prompts = kept
-    if ds.get("n_prompts") is not None:
+    if ds.n_prompts is not None:
         prompts = prompts[: ds.n_prompts]
     return prompts
 
