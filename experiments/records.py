@@ -157,6 +157,17 @@ def machine(device: str = "cpu") -> dict[str, object]:
     }
 
 
+def machine_sentence(info: dict[str, object]) -> str:
+    """One line for a summary: CPU (or device), the kernel-deciding flags it has, the bitsandbytes 4-bit path."""
+    cpu, bnb = info["cpu"], info["bitsandbytes_cpu"]
+    flags = cpu["flags"]
+    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
+    line = f"Machine: {info['device_name']}; CPU flags: {present or 'none of ' + ', '.join(CPU_FLAGS)}"
+    if bnb.get("installed"):
+        line += f"; bitsandbytes 4-bit on the CPU: {bnb['4bit_path']}"
+    return line + "."
+
+
 # ---------------------------------------------------------------------------- memory
 
 

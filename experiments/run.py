@@ -35,7 +35,7 @@ from .figures import run_figures
 from .logger import make_logger
 from .pair import Pair, load_pair_once
 from .prompts import Prompt, load_prompts
-from .records import machine, peak_memory, strict_json, write_json
+from .records import machine, machine_sentence, peak_memory, strict_json, write_json
 from .settings import ConfigError, methods_of, sampling_of, validate
 from .summary import method_markdown, method_table, naive_sentence, run_metrics
 
@@ -172,13 +172,18 @@ def write_summary(
         )
     settings = ", ".join(f"{key}={value}" for key, value in keys.items())
     table_text = method_markdown(table)
-    text = f"# Summary\n\n{settings}; prompts finished: {done}\n\n{table_text}\n\n{theory}{sentence}\n"
+    env = json.loads((run_dir / "environment.json").read_text())
+    text = (
+        f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
+        f"{table_text}\n\n{theory}{sentence}\n"
+    )
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
         "config": keys,
         "metrics": {k: strict_json(v) for k, v in metrics.items()},
         "prompts_done": done,
+        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text

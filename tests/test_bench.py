@@ -15,7 +15,7 @@ from experiments.bench_scaling import run_scaling, scaling_table
 from experiments.contenders import CONTENDERS, Setting, check_identical, interleaved
 from experiments.goals import GOALS, goal_entries
 from experiments.prompts import Prompt
-from experiments.records import machine, markdown_table, strict_json, write_result
+from experiments.records import machine, machine_sentence, markdown_table, strict_json, write_result
 from specdec.tiny import tiny_model
 
 CATEGORIES = ["summarization", "retrieval", "code"]
@@ -105,9 +105,14 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     bnb = info["bitsandbytes_cpu"]
     if bnb["installed"]:
         assert bnb["fused_4bit_gemv"] in (True, False)
-        assert (
-            bnb["fused_4bit_gemv"] <= bnb["has_avx512bf16"]
-        )  # 0.50 registers the kernel only with AVX512-BF16
+        # bitsandbytes 0.50 registers the fused kernel only with AVX512-BF16
+        assert bnb["fused_4bit_gemv"] <= bnb["has_avx512bf16"]
+    fake = {
+        **info,
+        "cpu": {**info["cpu"], "flags": {"avx2": True, "avx512_bf16": False}},
+        "bitsandbytes_cpu": {"installed": True, "4bit_path": "dequantize, then torch matmul"},
+    }
+    assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
 
 
 def test_unknown_contender_is_refused():
