@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .autoregressive import autoregressive_generate
-from .metrics import Generation
+from .metrics import Generation, Stats
 from .quality import continuation_log_probs, token_log_probs
 from .sampling import DEFAULT_SAMPLING, Sampling
 from .timing import stopwatch
@@ -54,7 +54,7 @@ def draft_then_score(
     stats.extras holds `continuation_log_likelihood` (mean over the new tokens, given the prompt)
     and, when both tokenizers are given, the article's `article_log_likelihood`.
     """
-    out = autoregressive_generate(
+    draft_run = autoregressive_generate(  # the draft model alone: its stats call it the target
         draft_model,
         input_ids,
         sampling=sampling,
@@ -62,19 +62,22 @@ def draft_then_score(
         eos_token_id=eos_token_id,
         generator=generator,
     )
-    stats = out.stats
-    stats.draft_forwards, stats.target_forwards = stats.target_forwards, 1
-    draft_seconds = stats.seconds["total"]
-    stats.seconds = {"draft": draft_seconds}
+    tokens = draft_run.tokens  # (N,) the output: the draft, unchanged
+    stats = Stats(
+        emitted=draft_run.stats.emitted,
+        draft_forwards=draft_run.stats.target_forwards,  # one draft-model pass per new token
+        target_forwards=1,  # the article's one scoring pass (our corrected score's pass is a measurement)
+        seconds={"draft": draft_run.stats.seconds["total"]},
+    )
     faithful = draft_tokenizer is not None and target_tokenizer is not None
     with stopwatch(stats.seconds, "verify", target.device):  # times the one scoring pass the article makes
         if faithful:
             stats.extras["article_log_likelihood"] = article_score(
-                target, input_ids, out.tokens, draft_tokenizer, target_tokenizer
+                target, input_ids, tokens, draft_tokenizer, target_tokenizer
             )
         else:
-            stats.extras["continuation_log_likelihood"] = continuation_mean(target, input_ids, out.tokens)
+            stats.extras["continuation_log_likelihood"] = continuation_mean(target, input_ids, tokens)
     if faithful:
-        stats.extras["continuation_log_likelihood"] = continuation_mean(target, input_ids, out.tokens)
+        stats.extras["continuation_log_likelihood"] = continuation_mean(target, input_ids, tokens)
     stats.seconds["total"] = stats.seconds["draft"] + stats.seconds["verify"]
-    return Generation(out.tokens, stats)
+    return Generation(tokens, stats)
