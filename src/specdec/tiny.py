@@ -21,35 +21,37 @@ from transformers import (
     Qwen2Config,
 )
 
-ARCHITECTURES = ("llama", "gemma", "gemma2", "mistral", "mixtral", "gpt_neox", "qwen2")
+CONFIGS = {  # architecture -> (config class, fields of its own; sliding windows get the `sliding_window` argument)
+    "llama": (LlamaConfig, {}),
+    "gemma": (GemmaConfig, {"head_dim": 8}),
+    "gemma2": (Gemma2Config, {"head_dim": 8, "sliding_window": None}),
+    "mistral": (MistralConfig, {"sliding_window": None}),
+    "mixtral": (MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "gpt_neox": (GPTNeoXConfig, {}),
+    "qwen2": (Qwen2Config, {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 1}),
+}
+ARCHITECTURES = tuple(CONFIGS)
 
 
 def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_window: int = 6, **overrides):
-    """A config with hidden size 32 and 2-4 heads; sliding-window architectures get a short window.
+    """A config with hidden size 32 and 4 heads (2 key-value heads); sliding-window architectures get a
+    short window.
 
-    overrides replace any config field (e.g. a public architecture's sizes, for random-weight benchmarks).
+    overrides replace any config field, the defaults above included (e.g. hidden_size, num_attention_heads,
+    num_key_value_heads, intermediate_size: a public architecture's shapes, for random-weight benchmarks).
     """
-    common = {
+    if arch not in CONFIGS:
+        raise ValueError(f"unknown architecture {arch!r}; choices: {', '.join(CONFIGS)}")
+    config_class, own = CONFIGS[arch]
+    fields = {
         "vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": n_layers, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": None,
         "pad_token_id": None, "tie_word_embeddings": False,
-    }
-    decoder = {**common, "num_key_value_heads": 2, **overrides}
-    if arch == "llama":
-        return LlamaConfig(**decoder)
-    if arch == "gemma":
-        return GemmaConfig(**decoder, head_dim=8)
-    if arch == "gemma2":
-        return Gemma2Config(**decoder, head_dim=8, sliding_window=sliding_window)
-    if arch == "mistral":
-        return MistralConfig(**decoder, sliding_window=sliding_window)
-    if arch == "mixtral":
-        return MixtralConfig(**decoder, num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window)
-    if arch == "qwen2":
-        return Qwen2Config(**decoder, use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1)
-    if arch == "gpt_neox":
-        return GPTNeoXConfig(**{**common, **overrides})
-    raise ValueError(f"unknown architecture {arch!r}; choices: {ARCHITECTURES}")
+    }  # fmt: skip
+    if arch != "gpt_neox":  # GPT-NeoX has no grouped-query attention
+        fields["num_key_value_heads"] = 2
+    fields |= {key: sliding_window if value is None else value for key, value in own.items()}
+    return config_class(**(fields | overrides))
 
 
 def tiny_model(
