@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lab lint
+.PHONY: run test test-all bench lab lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
 	$(BIN)/python -m experiments.run $(ARGS)
 
-test: $(STAMP)  ## the whole test suite, CPU only
-	$(BIN)/python -m pytest $(ARGS)
+# pytest-xdist processes; each loads the offline model at most once
+WORKERS ?= 2
+
+test: $(STAMP)  ## the test suite without the `exhaustive` checks, CPU only, on $(WORKERS) workers
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup $(ARGS)
+
+test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in full mode)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "exhaustive or not exhaustive" $(ARGS)
 
 bench: $(STAMP)  ## side-by-side benchmark against Hugging Face generation
 	$(BIN)/python -m experiments.bench $(ARGS)

@@ -1,13 +1,49 @@
-"""Shared fixtures: tiny random models (no download) and the offline SmolLM2 pair (slow)."""
+"""Shared fixtures: tiny random models (no download) and the offline SmolLM2 pair (slow).
+
+Conventions for the suite (`make test` runs it on 2 workers with pytest-xdist, `--dist loadgroup`):
+- Default selection: everything not marked `exhaustive`. `make test-all` adds the exhaustive checks.
+  Mark `slow` what loads the offline SmolLM2 model or runs a notebook; mark `exhaustive` only a check
+  too long for `make test` that something faster in the default selection already covers in part.
+- Expensive shared objects are fixtures, never module globals, so each worker builds them at most once:
+  session scope for models (`smollm2`, `small_vocab_pair`), module scope for one run shared by checks.
+  Name an expensive fixture in HEAVY_FIXTURES below: every test using it then runs on one worker
+  (an `xdist_group`), and slow tests start first so that the two workers finish together.
+  Or mark a test `@pytest.mark.xdist_group("name")` yourself.
+- Chi-square exactness tests: use tests/goodness_of_fit.py (`N_SAMPLES`, `chi_square_pvalue`, `PASS`,
+  `REJECT`, `power`); show the test's power at your size against a wrong rule, as test_exactness.py does.
+- Tiny-model tests run on one thread (fixture below); do not start threads or processes of your own.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from specdec.tiny import tiny_model
+
+HEAVY_FIXTURES = {"smollm2", "run_dir"}  # tests sharing one of these run on the same xdist worker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist the workers share the cores: give each its share of torch threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests of each heavy fixture on one worker; put slow tests first (longest work first)."""
+    for item in items:
+        for name in sorted(HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            defs = item._fixtureinfo.name2fixturedefs[name]
+            scope = defs[-1].scope
+            where = "" if scope == "session" else f"{item.module.__name__}::"
+            item.add_marker(pytest.mark.xdist_group(f"{where}{name}"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept otherwise
 
 
 @pytest.fixture(autouse=True)
@@ -24,21 +60,25 @@ def one_thread_for_tiny_models(request):
 
 @pytest.fixture(scope="session")
 def small_vocab_pair():
-    """Target and draft over a 5-token vocabulary, far enough apart that rejections are common."""
-    target = tiny_model("llama", seed=0, scale=3.0, vocab_size=5, n_layers=1)
-    draft = tiny_model("llama", seed=1, scale=3.0, vocab_size=5, n_layers=1)
+    """Target and draft over a 5-token vocabulary, far apart (TV 0.49 over 3 tokens at T = 1): rejections are
+    common, so a wrong residual shows at small N_SAMPLES (see tests/goodness_of_fit.py)."""
+    target = tiny_model("llama", seed=0, scale=6.0, vocab_size=5, n_layers=1)
+    draft = tiny_model("llama", seed=2, scale=6.0, vocab_size=5, n_layers=1)
     return target, draft
 
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The offline target, its tokenizer, and its nf4 copy as draft (converted once into the cache)."""
-    from specdec.models import load_model, load_tokenizer
+    """The offline target, its tokenizer, and its first 10 of 30 layers as draft (fp32, a third of a target step).
+
+    Not the nf4 copy: without AVX512-BF16 a bitsandbytes 4-bit layer dequantizes its whole weight at every
+    call, so that draft costs more than the target. test_models.py checks the quantized copies themselves.
+    """
+    from specdec.models import layer_truncated_copy, load_model, load_tokenizer
 
     name = "offline:smollm2-135m-instruct"
     target = load_model(name)
-    draft = load_model(name, quantization="nf4", compute_dtype="bfloat16")
-    return target, load_tokenizer(name), draft
+    return target, load_tokenizer(name), layer_truncated_copy(target, 10)
 
 
 @pytest.fixture(scope="session")

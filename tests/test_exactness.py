@@ -13,7 +13,15 @@ k = 2 is the longest draft these cases exercise; the k = 6 case checks that clam
 
 import pytest
 import torch
-from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue, power, rule_distribution, sample_counts
+from goodness_of_fit import (
+    N_SAMPLES,
+    PASS,
+    REJECT,
+    chi_square_pvalue,
+    power,
+    rule_distribution,
+    sample_counts,
+)
 
 from specdec import (
     GREEDY,

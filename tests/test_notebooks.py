@@ -1,4 +1,5 @@
-"""Every notebook runs top to bottom in its fast setting (SPECDEC_FAST=1), as a reader would run it.
+"""Every notebook runs top to bottom, as a reader would run it: in its fast setting (SPECDEC_FAST=1) in
+`make test`, in its full setting in `make test-all` (marker `exhaustive`).
 
 The kernel is this interpreter (jupyter_client maps the kernel spec's `python` to sys.executable),
 started in notebooks/ like JupyterLab does. Each notebook's own asserts are the checks.
@@ -18,13 +19,27 @@ def test_every_notebook_is_listed():
     assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == NAMES
 
 
+def execute(name: str, timeout: int) -> None:
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(
+        notebook, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
+    client.execute()  # raises CellExecutionError, with the failing cell, on any error or failed assert
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_fast_mode(name, monkeypatch):
     monkeypatch.setenv("SPECDEC_FAST", "1")  # the kernel inherits the environment
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the other worker runs tests meanwhile
     monkeypatch.delenv("SPECDEC_RESULTS", raising=False)  # 03 makes its own small sweep
-    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    client = NotebookClient(
-        notebook, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(NOTEBOOKS)}}
-    )
-    client.execute()  # raises CellExecutionError, with the failing cell, on any error or failed assert
+    execute(name, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_in_full_mode(name, monkeypatch):
+    monkeypatch.delenv("SPECDEC_FAST", raising=False)
+    monkeypatch.delenv("SPECDEC_RESULTS", raising=False)
+    execute(name, timeout=3600)

@@ -1,0 +1,128 @@
+"""Chi-square goodness of fit for sampled continuations, and the power of that test at N_SAMPLES.
+
+Shared by the exactness tests (import it: `from goodness_of_fit import N_SAMPLES, chi_square_pvalue`).
+The power is computed, not simulated: the exact output distribution of a speculative round rule is
+enumerated over every draft and every acceptance outcome, and the chi-square statistic of N samples
+from a distribution a, tested against p, is approximately noncentral chi-square with
+lambda = N * sum_b (a_b - p_b)^2 / p_b over the same pooled bins (Cohen 1988, ch. 7).
+Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+
+import torch
+from scipy.stats import chi2, chisquare, ncx2
+from transformers import PreTrainedModel
+
+from specdec import Sampling
+from specdec.exact import sequence_index
+from specdec.sampling import probabilities
+
+N_SAMPLES = 800  # enough for power >= 0.98 against a wrong residual in every case of test_exactness.py
+PASS = 1e-3  # a right rule must give p > PASS
+REJECT = 1e-6  # a wrong distribution must give p < REJECT
+
+
+def pooled(counts: torch.Tensor, probs: torch.Tensor, n: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bins with expected count >= 5 kept, the others pooled into one; returns (observed, p) per bin."""
+    small = probs * n < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    p = torch.cat([probs[~small], probs[small].sum()[None]])
+    keep = p > 0
+    return obs[keep], p[keep]
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit of counts (n_outcomes,) to probs (n_outcomes,), pooling bins expected below 5."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0  # an outcome the hypothesis calls impossible was observed
+    probs = probs / probs.sum()  # float rounding: renormalise
+    obs, p = pooled(counts, probs, float(counts.sum()))
+    return float(chisquare(obs.numpy(), (p * counts.sum()).numpy()).pvalue)
+
+
+def sample_counts(generate: Callable, vocab: int, n_tokens: int, seed: int, n: int = N_SAMPLES) -> torch.Tensor:
+    """Histogram (vocab**n_tokens,) of n continuations drawn by generate(generator) -> tokens (n_tokens,)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(vocab**n_tokens, dtype=torch.float64)
+    for _ in range(n):
+        tokens = generate(g)
+        assert tokens.numel() == n_tokens
+        counts[sequence_index(tokens, vocab)] += 1
+    return counts
+
+
+def power(probs: torch.Tensor, alternative: torch.Tensor, n: int = N_SAMPLES, alpha: float = PASS) -> float:
+    """Probability that chi_square_pvalue of n samples from `alternative` falls below alpha (tested against probs)."""
+    probs = probs / probs.sum()
+    if float(alternative[probs == 0].sum()) * n > 5:  # the alternative hits impossible outcomes: almost surely seen
+        return 1.0
+    _, p = pooled(probs, probs, n)
+    a, _ = pooled(alternative, probs, n)
+    df = p.numel() - 1
+    lam = float(n * ((a - p) ** 2 / p).sum())
+    return float(ncx2.sf(chi2.isf(alpha, df), df, lam))
+
+
+@torch.inference_mode()
+def rule_distribution(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    prompt: torch.Tensor,
+    n_tokens: int,
+    sampling: Sampling,
+    k: int,
+    residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Exact distribution (V^n,) of speculative_generate's output when rejections resample from residual(p, q).
+
+    Rounds as in specdec.speculative: draft min(k, budget - 1) tokens from q, accept x_i with min(1, p/q),
+    resample at the first rejection, bonus token from p when all are accepted. Only for tiny V and n.
+    """
+    vocab = int(target.config.vocab_size)
+
+    @functools.cache
+    def dist(model: PreTrainedModel, prefix: tuple[int, ...]) -> torch.Tensor:  # (V,)
+        logits = model(input_ids=torch.cat([prompt[0], torch.tensor(prefix, dtype=torch.long)])[None]).logits
+        return probabilities(logits[0, -1, :vocab], sampling).double()
+
+    @functools.cache
+    def completions(prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        budget = n_tokens - len(prefix)
+        if budget == 0:
+            return {(): 1.0}
+        out: dict[tuple[int, ...], float] = {}
+
+        def emit(tokens: tuple[int, ...], weight: float) -> None:
+            for tail, w in completions(prefix + tokens).items():
+                out[tokens + tail] = out.get(tokens + tail, 0.0) + weight * w
+
+        k_round = min(k, budget - 1)
+        for xs in itertools.product(range(vocab), repeat=k_round):
+            weight = 1.0  # probability of drafting xs, then of accepting its first n tokens
+            for i, x in enumerate(xs):
+                weight *= float(dist(draft, prefix + xs[:i])[x])
+            for n in range(k_round + 1):
+                if weight == 0:
+                    break
+                p = dist(target, prefix + xs[:n])
+                if n == k_round:  # all accepted: bonus token from p
+                    for y in range(vocab):
+                        emit(xs + (y,), weight * float(p[y]))
+                    break
+                q = dist(draft, prefix + xs[:n])
+                accepted = min(1.0, float(p[xs[n]] / q[xs[n]]))
+                r = residual(p, q)
+                for y in range(vocab):
+                    emit(xs[:n] + (y,), weight * (1 - accepted) * float(r[y]))
+                weight *= accepted
+        return out
+
+    probs = torch.zeros(vocab**n_tokens, dtype=torch.float64)
+    for tokens, w in completions(()).items():
+        probs[sequence_index(torch.tensor(tokens), vocab)] += w
+    return probs
