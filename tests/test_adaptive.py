@@ -22,7 +22,7 @@ from specdec import (
     autoregressive_generate,
     speculative_generate,
 )
-from specdec.cost import best_draft_length, expected_tokens
+from specdec.cost import Choice, best_draft_length, expected_tokens
 from specdec.exact import sequence_distribution, sequence_index
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
@@ -112,6 +112,31 @@ def test_auto_greedy_equals_target_greedy(arch_target, kind):
     assert torch.equal(out.tokens, hf_greedy(target, prompt, n_new)), arch
     assert len(set(out.stats.chosen_k)) >= 3
     assert sum(out.stats.chosen_k_histogram) == out.stats.target_forwards
+
+
+class ScriptedRule(CostModel):
+    """Draft lengths from a script (then k_max): long runs of plain steps between drafts."""
+
+    def __init__(self, script, k_max):
+        super().__init__(k_max)
+        self.script = list(script)
+
+    def choose(self, limit):
+        return Choice(min(self.script.pop(0) if self.script else self.k_max, limit))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "mistral", "qwen2"])
+def test_draft_cache_catches_up_after_plain_steps(arch):
+    """Plain steps do not call the drafter; its next proposal feeds the whole unseen tail (longer than the
+    sliding window of 6) in one forward, and the output still equals the target's greedy output."""
+    target = tiny_model(arch, seed=0, scale=20.0)
+    prompt = torch.tensor([[0, 5, 3, 7, 5, 3]])
+    drafter = ModelDrafter(perturbed_copy(target, 0.15))
+    rule = ScriptedRule([0] * 9 + [3, 0, 0, 5] + [0] * 8 + [1, 2], k_max=4)
+    out = speculative_generate(target, drafter, prompt, k=rule, sampling=GREEDY, max_new_tokens=40)
+    assert torch.equal(out.tokens, hf_greedy(target, prompt, 40)), arch
+    assert out.stats.chosen_k[:10] == [0] * 9 + [3]
+    assert out.stats.draft_forwards == sum(out.stats.chosen_k)
 
 
 class LoggedCostModel(CostModel):
