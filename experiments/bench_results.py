@@ -181,7 +181,7 @@ def bench_table(result: dict) -> str:
                 f"{100 * f['model_forward_share']:.0f}%",
                 " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values()),
                 cell(st.get("mean_accepted_length"), "{:.2f}"),
-                st.get("alpha"),
+                cell(st.get("alpha"), "{:.3f}"),
                 cell(rss, "{:.0f}"),
             ]
         )
