@@ -26,6 +26,10 @@ Every number is measured while generating; nothing is a hard-coded timing consta
   rounds that reached position i with weights that decay by `decay` per round; a position with
   little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`).
 
+A round with k = 0 is a plain target step and calls no drafter (a draft model catches up on the
+unseen tail at its next proposal). A lookup drafter is asked for the chosen k tokens, which for prompt
+lookup is the first k of what it would propose for k_max.
+
 Warm-up: the first round is a plain step (measures T_pass(1)); rounds then draft k_max tokens until a
 pass wider than one token and a draft have been timed. Exploration: the decay also shrinks the
 evidence of positions that are no longer drafted, so after a run of plain steps a_1 drifts back
