@@ -232,22 +232,26 @@ N_TOKENS = 3
 REPEATING = torch.tensor([[0, 3, 1, 2, 3, 1, 2, 4, 3, 1]])  # n-gram matches exist
 
 
+N_PASS = 500  # samples for a right rule (it passes at any count); the power test below uses N_SAMPLES
+
+
 def model_tree(children, branches=(3,)):
-    return lambda draft: ModelTreeDrafter(draft, branches=branches, depth=3, nodes=8, children=children)
+    """3 new tokens: a round drafts at most depth 2 (tree_generate never drafts past the budget)."""
+    return lambda draft: ModelTreeDrafter(draft, branches=branches, depth=2, nodes=8, children=children)
 
 
 EXACT_CASES = [
-    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=3, nodes=8), Sampling(1.0), id="ngram-T1"),
-    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=3, nodes=8), Sampling(0.5, top_k=3), id="ngram-T0.5-topk"),
+    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=2, nodes=8), Sampling(1.0), id="ngram-T1"),
+    pytest.param(lambda d: NGramTreeDrafter(matches=3, depth=2, nodes=8), Sampling(0.5, top_k=3), id="ngram-T0.5-topk"),
     pytest.param(model_tree("top", (3, 2)), Sampling(1.0), id="top-T1"),
     pytest.param(model_tree("top"), Sampling(1.5, top_p=0.8), id="top-T1.5-topp"),
-    pytest.param(model_tree("iid", (3, 2)), Sampling(1.0), id="iid-T1"),
-    pytest.param(model_tree("iid"), Sampling(0.5), id="iid-T0.5"),
+    pytest.param(model_tree("iid"), Sampling(1.0), id="iid-T1"),
+    pytest.param(model_tree("iid", (2, 2)), Sampling(0.5), id="iid-T0.5"),
     pytest.param(model_tree("distinct", (3, 2)), Sampling(1.5), id="distinct-T1.5"),
     pytest.param(model_tree("distinct"), Sampling(1.0, top_k=3), id="distinct-topk"),
     pytest.param(model_tree("distinct"), Sampling(1.0, top_p=0.8), id="distinct-topp"),
     pytest.param(
-        lambda d: HybridTreeDrafter(NGramTreeDrafter(matches=2, depth=3, nodes=4), model_tree("distinct")(d)),
+        lambda d: HybridTreeDrafter(NGramTreeDrafter(matches=2, depth=2, nodes=4), model_tree("distinct")(d)),
         Sampling(1.0),
         id="hybrid-T1",
     ),
@@ -262,7 +266,7 @@ def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     def generate(g):
         return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    counts = sample_counts(generate, 5, N_TOKENS, seed=5, n=N_PASS)
     assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) > PASS
 
 
@@ -290,7 +294,7 @@ class OriginalQ:
 def test_chi_square_rejects_iid_rule_on_distinct_children(small_vocab_pair):
     target, draft = small_vocab_pair
     sampling = Sampling(1.0)
-    drafter = OriginalQ(ModelTreeDrafter(draft, branches=(3, 3), depth=3, nodes=12, children="distinct"))
+    drafter = OriginalQ(ModelTreeDrafter(draft, branches=(3,), depth=2, nodes=8, children="distinct"))
 
     def generate(g):
         return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens

@@ -229,7 +229,7 @@ class TreeDrafter(Protocol):
         """Only the first `length` tokens of the last sequence are still valid."""
 
 
-def record_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int) -> None:
+def record_tree_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int) -> None:
     """Count one pass: per-position counters by depth, `drafted` counts every node."""
     depth = max(depths, default=0)
     stats.record_round(depth, accepted, min(accepted + 1, depth))
@@ -278,7 +278,7 @@ def tree_generate(
                     p = probabilities(lm.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
                     path, next_token = [], sample(p, generator)
             stats.draft_forwards += tree.forwards
-            record_round(stats, tree, tree.depths(), len(path))
+            record_tree_round(stats, tree, tree.depths(), len(path))
             new = truncate_at_eos(torch.cat([tree.tokens[path].to(lm.device), next_token]), eos)
             sequence = torch.cat([sequence, new[None]], dim=-1)
             stats.emitted += new.numel()
