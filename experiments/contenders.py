@@ -3,9 +3,11 @@
 A contender turns (setting, input_ids (1, L), max_new_tokens, seed) into the new tokens and, for our
 loops, the Stats summary. Register a new method with one line in CONTENDERS:
 
-    CONTENDERS["spec_model_k8"] = Contender(
-        lambda s, ids, n, seed: speculative(lambda s: ModelDrafter(s.draft))(replace(s, k=8), ids, n, seed),
-        needs_draft=True)
+    CONTENDERS["spec_model_k8"] = Contender(speculative(model_draft, k=lambda s: 8), "ours", "model")
+
+Each contender names whose loop it is ("ours", "hf") and what drafts ("model", "ngram", "hybrid" or
+None), so the benchmark can pick our best n-gram configuration, our best configuration with the draft
+model, and so on, without a list of names to keep in step.
 
 The interleaved schedule and the timer that every benchmark uses live here too.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -24,16 +26,24 @@ from specdec import (
     GREEDY,
     Drafter,
     Generation,
+    HybridTreeDrafter,
     ModelDrafter,
+    ModelTreeDrafter,
     NGramDrafter,
+    NGramTreeDrafter,
     Sampling,
+    TreeDrafter,
     autoregressive_generate,
     speculative_generate,
+    tree_generate,
 )
 from specdec.timing import stopwatch
 
 HF_PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; prompt lookup has no built-in default
+HF_LOOKUP_FIXED_K = (2, 8)  # prompt lookup at more fixed k (hf_lookup: the setting's k), for HF's best fixed k
 Item = TypeVar("Item")
+Owner = Literal["ours", "hf"]
+Source = Literal["model", "ngram", "hybrid"]
 
 
 @dataclass
@@ -42,11 +52,14 @@ class Setting:
 
     target: PreTrainedModel
     draft: PreTrainedModel | None  # None when no contender that runs needs a draft model
-    k: int = 4
+    k: int = 4  # fixed draft length (gamma) of the chain contenders, ours and Hugging Face's
     sampling: Sampling = GREEDY
     eos: int | list[int] | None = None
     max_ngram: int = 3  # our n-gram drafter: longest and shortest suffix matched
     min_ngram: int = 1
+    k_max: int = 8  # k="auto": longest draft the cost model may choose
+    nodes: int = 7  # tree node budget; a tree pass is nodes + 1 tokens wide, as a chain of k = nodes
+    branches: tuple[int, ...] = (2,)  # model trees: children per node at the first depths (top-b)
 
 
 @dataclass
@@ -60,17 +73,32 @@ class Contender:
     generate: Callable[
         [Setting, torch.Tensor, int, int], Output
     ]  # (setting, ids (1, L), max_new_tokens, seed)
-    needs_draft: bool = False
+    owner: Owner = "ours"
+    drafts: Source | None = None  # None: no speculation (target only)
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.drafts in ("model", "hybrid")
 
 
 # ---------------------------------------------------------------------------- ours
 
 
 def ours(s: Setting, seed: int, loop: Callable[..., Generation]) -> Output:
-    """One of our loops, given the common arguments and a fresh generator seeded with seed."""
+    """One of our loops, given the common arguments and a fresh generator seeded with seed.
+
+    The Stats summary gains the per-round lists as totals: chosen draft lengths (k="auto") and tree sizes.
+    """
     generator = torch.Generator(device=s.target.device).manual_seed(seed)
     g = loop(sampling=s.sampling, eos_token_id=s.eos, generator=generator)
-    return Output(g.tokens, g.stats.summary())
+    summary = g.stats.summary()
+    summary.update(
+        chosen_k_histogram=g.stats.chosen_k_histogram,
+        tree_rounds=len(g.stats.tree_nodes),
+        tree_nodes_sum=sum(g.stats.tree_nodes),
+        tree_depth_sum=sum(g.stats.tree_depths),
+    )
+    return Output(g.tokens, summary)
 
 
 def target_only(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
@@ -78,18 +106,53 @@ def target_only(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
 
 
 def speculative(
-    drafter_of: Callable[[Setting], Drafter],
+    drafter_of: Callable[[Setting], Drafter], k: Callable[[Setting], int | str] = lambda s: s.k
 ) -> Callable[[Setting, torch.Tensor, int, int], Output]:
-    """Our speculative loop with the drafter drafter_of(setting) and the setting's k."""
+    """Our speculative loop with the drafter drafter_of(setting) and k(setting): an int or "auto" (k_max)."""
 
     def generate(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
         return ours(
             s,
             seed,
-            lambda **kw: speculative_generate(s.target, drafter_of(s), ids, k=s.k, max_new_tokens=n, **kw),
+            lambda **kw: speculative_generate(
+                s.target, drafter_of(s), ids, k=k(s), k_max=s.k_max, max_new_tokens=n, **kw
+            ),
         )
 
     return generate
+
+
+def tree(drafter_of: Callable[[Setting], TreeDrafter]) -> Callable[[Setting, torch.Tensor, int, int], Output]:
+    """Our token-tree loop with the tree drafter drafter_of(setting): one target pass per tree."""
+
+    def generate(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
+        return ours(s, seed, lambda **kw: tree_generate(s.target, drafter_of(s), ids, max_new_tokens=n, **kw))
+
+    return generate
+
+
+def model_draft(s: Setting) -> ModelDrafter:
+    return ModelDrafter(s.draft)
+
+
+def ngram_draft(s: Setting) -> NGramDrafter:
+    return NGramDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram)
+
+
+def ngram_tree(s: Setting) -> NGramTreeDrafter:
+    """A trie of n-gram matches with s.nodes nodes, as deep as a chain of the same width."""
+    return NGramTreeDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram, depth=s.nodes, nodes=s.nodes)
+
+
+def model_tree(s: Setting) -> ModelTreeDrafter:
+    """Top-b children at the first depths, then the most likely branch as a chain, s.nodes nodes in all."""
+    depth = max(1, s.nodes - sum(s.branches) + len(s.branches))  # the chain fills the rest of the budget
+    return ModelTreeDrafter(s.draft, branches=s.branches, depth=depth, nodes=s.nodes, children="top")
+
+
+def hybrid_tree(s: Setting) -> HybridTreeDrafter:
+    """The n-gram trie and the model tree under one root (2 * s.nodes nodes)."""
+    return HybridTreeDrafter(ngram_tree(s), model_tree(s))
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -147,17 +210,30 @@ def hf(assisted_k: Callable[[Setting], int | None] | None = None, **options):
 
 CONTENDERS: dict[str, Contender] = {
     "ar": Contender(target_only),
-    "hf_plain": Contender(hf()),
-    "spec_model": Contender(speculative(lambda s: ModelDrafter(s.draft)), needs_draft=True),
-    "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), needs_draft=True),
-    "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), needs_draft=True),
-    "spec_ngram": Contender(
-        speculative(lambda s: NGramDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram))
-    ),
-    "hf_lookup": Contender(hf(prompt_lookup_num_tokens=lambda s: s.k)),
-    "hf_lookup_default": Contender(hf(prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS)),
+    "hf_plain": Contender(hf(), "hf"),
+    # the draft model: chains at k, at k="auto" and at the width of a tree; a top-b tree
+    "spec_model": Contender(speculative(model_draft), "ours", "model"),
+    "spec_model_auto": Contender(speculative(model_draft, k=lambda s: "auto"), "ours", "model"),
+    "spec_model_wide": Contender(speculative(model_draft, k=lambda s: s.nodes), "ours", "model"),
+    "tree_model": Contender(tree(model_tree), "ours", "model"),
+    "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), "hf", "model"),
+    "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), "hf", "model"),
+    # n-gram lookup: the same four shapes, and Hugging Face prompt lookup at its defaults and fixed k
+    "spec_ngram": Contender(speculative(ngram_draft), "ours", "ngram"),
+    "spec_ngram_auto": Contender(speculative(ngram_draft, k=lambda s: "auto"), "ours", "ngram"),
+    "spec_ngram_wide": Contender(speculative(ngram_draft, k=lambda s: s.nodes), "ours", "ngram"),
+    "tree_ngram": Contender(tree(ngram_tree), "ours", "ngram"),
+    "hf_lookup": Contender(hf(prompt_lookup_num_tokens=lambda s: s.k), "hf", "ngram"),
+    "hf_lookup_default": Contender(hf(prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS), "hf", "ngram"),
+    **{
+        f"hf_lookup_k{k}": Contender(hf(prompt_lookup_num_tokens=k), "hf", "ngram")
+        for k in HF_LOOKUP_FIXED_K
+    },
+    # both under one root
+    "tree_hybrid": Contender(tree(hybrid_tree), "ours", "hybrid"),
 }
-OURS = ("ar", "spec_model", "spec_ngram")  # contenders that return our Stats
+# chain vs tree at the same pass width (nodes + 1 tokens), per drafter: (chain, tree)
+EQUAL_WIDTH = {"ngram": ("spec_ngram_wide", "tree_ngram"), "model": ("spec_model_wide", "tree_model")}
 
 
 def bind(name: str, setting: Setting) -> Callable[[torch.Tensor, int, int], Output]:
