@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
+BNB_QUANTIZATIONS = ("int8", "nf4", "fp4")  # bitsandbytes: LLM.int8 and 4-bit weights, CPU and CUDA
+TORCH_QUANTIZATIONS = ("dynamic_int8",)  # torch dynamic int8 Linear layers (CPU only, no extra package)
+QUANTIZATIONS = ("none", *BNB_QUANTIZATIONS, *TORCH_QUANTIZATIONS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -133,10 +136,10 @@ def resolve(name: str) -> str:
 
 
 def quantization_config(quantization: str, compute_dtype: torch.dtype):
-    """A bitsandbytes config for int8, nf4 or fp4; None for none."""
+    """A bitsandbytes config for int8, nf4 or fp4; None for none and for torch's own quantizations."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choices: {QUANTIZATIONS}")
-    if quantization == "none":
+    if quantization not in BNB_QUANTIZATIONS:
         return None
     try:
         import bitsandbytes  # noqa: F401  (imported only when quantizing)
@@ -162,9 +165,12 @@ def load_model(
     quantization: str = "none",
     compute_dtype: str | None = None,
 ) -> PreTrainedModel:
-    """A causal LM in eval mode: hub id, local folder or offline asset; optionally bitsandbytes-quantized."""
+    """A causal LM in eval mode: hub id, local folder or offline asset; optionally quantized
+    (bitsandbytes int8 / nf4 / fp4, or torch's dynamic_int8 on the CPU)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
+    if quantization == "dynamic_int8" and device != "cpu":
+        raise ValueError(dynamic_int8_cpu_only(device))
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
     path = resolve(name)
     try:
@@ -177,7 +183,57 @@ def load_model(
             "(`hf auth login` or HF_TOKEN). Without network, use the offline asset "
             f"{sorted(OFFLINE_ASSETS)} (e.g. `python -m experiments.run model=smollm2`)."
         ) from e
-    return model.eval()
+    return dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
+
+
+def dynamic_int8_cpu_only(device: object) -> str:
+    return (
+        f"quantization='dynamic_int8' (torch dynamic int8 Linear layers) runs on the CPU only, not on "
+        f"{device}; on a GPU use a bitsandbytes quantization ('int8', 'nf4') or dtype='bfloat16'"
+    )
+
+
+def dynamic_int8_copy(model: PreTrainedModel, inplace: bool = False) -> PreTrainedModel:
+    """The model with every nn.Linear (the tied lm_head included) replaced by torch's dynamic int8 Linear:
+    int8 weights per tensor, activations quantized on the fly at each call; CPU only."""
+    if model.device.type != "cpu":
+        raise ValueError(dynamic_int8_cpu_only(model.device))
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated in favour of torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace).eval()
+
+
+def bfloat16_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A bfloat16 copy of the model's weights (half the bytes to read per step)."""
+    return copy.deepcopy(model).to(torch.bfloat16).eval()
+
+
+def force_unfused_4bit(model: PreTrainedModel) -> int:
+    """Make a bitsandbytes 4-bit model take the non-fused CPU path: dequantize each weight, then torch matmul.
+
+    bitsandbytes 0.50 fuses 4-bit matmuls on the CPU only when the CPU has AVX512-BF16: each Linear4bit
+    stores has_avx512bf16() at construction (`support_avx512bf16_for_cpu`) and, on its first CPU forward,
+    repacks its weight for the fused gemv_4bit kernel. Clearing that flag before the first forward sends
+    every call through dequantize_4bit + matmul, the only path on CPUs without AVX512-BF16. Returns the
+    number of layers that would have used the fused kernel (0 on such CPUs).
+    """
+    from bitsandbytes.nn import Linear4bit
+
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    if not layers:
+        raise ValueError("force_unfused_4bit needs a bitsandbytes 4-bit model (quantization='nf4' or 'fp4')")
+    if any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in layers):
+        raise ValueError(
+            "this 4-bit model already ran a forward with the fused CPU kernel (its weights are repacked); "
+            "call force_unfused_4bit right after load_model"
+        )
+    fused = sum(bool(m.support_avx512bf16_for_cpu) for m in layers)
+    for m in layers:
+        m.support_avx512bf16_for_cpu = False
+    return fused
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:

@@ -1,0 +1,275 @@
+"""Which draft to speculate with on this machine: time each candidate, estimate its alpha, predict, pick.
+
+Notation of Leviathan et al. (2023): alpha the acceptance rate of one draft token, k (their gamma) the
+draft length, c the cost of one draft step relative to one target step. Their Thm 3.8 predicts the
+speedup over target-only decoding as E(k) / (k c + 1) with E(k) = (1 - alpha^(k+1)) / (1 - alpha). The
+"1" is the cost of one verification pass over k + 1 tokens, assumed equal to one target step; on a CPU
+it is not (small-matrix kernels), so here it is the measured ratio v(k+1) = T_pass(k+1) / T_step:
+
+    speedup(k) = E(k) / (k c + v(k+1))         a draft model (c per drafted token)
+    speedup(k) = E(k) / (c + v(k+1))           a lookup (c per call, whatever its length)
+
+Which draft is fastest depends on the CPU: bitsandbytes' fused 4-bit kernel needs AVX512-BF16, torch's
+dynamic int8 and bf16 matmuls depend on AVX-512 / AMX. A draft slower than the target (c > 1) cannot
+gain: E(k) <= k + 1 < k c + 1 <= k c + v(k+1). So the choice is made by measurement, each run.
+
+- timings: one-token steps of the target and of every draft model, target passes of a few widths (other
+  widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up;
+- alpha: a short speculative_generate at k = probe_k per candidate; alpha is the value for which Eq. 1
+  gives the measured tokens per target pass (a lookup that finds nothing counts as a rejection).
+Both can be injected (`timings=`, `alphas=`), which makes the choice reproducible in tests.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import logits_width
+from .cost import CostModel
+from .drafters import Drafter, ModelDrafter, NGramDrafter
+from .metrics import expected_tokens_per_pass
+from .models import bfloat16_copy, dynamic_int8_copy, load_model
+from .sampling import GREEDY, Sampling
+from .speculative import speculative_generate
+from .timing import forward_ms, stopwatch
+
+# bitsandbytes nf4 / LLM.int8 copies, torch dynamic int8 copy, bf16 copy, prompt lookup
+CANDIDATES = ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
+PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
+
+
+def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
+    """The candidate names, refused when empty, repeated or unknown."""
+    names = tuple(names)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if not names or unknown or len(set(names)) != len(names):
+        raise ValueError(
+            f"draft candidates must be distinct names from {CANDIDATES}, got {list(names)}"
+            + (f" (unknown: {unknown})" if unknown else "")
+        )
+    return names
+
+
+def load_candidate(
+    name: str, target: PreTrainedModel, target_name: str, *, max_ngram: int = 3, min_ngram: int = 1
+) -> tuple[Drafter, PreTrainedModel | None]:
+    """The drafter a candidate name stands for, and its draft model (None for the n-gram lookup)."""
+    check_candidates([name])
+    if name == "ngram":
+        return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram), None
+    if name == "bfloat16":
+        model = bfloat16_copy(target)
+    elif name == "dynamic_int8":
+        model = dynamic_int8_copy(target)
+    else:
+        model = load_model(target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16")
+    return ModelDrafter(model), model
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds: target passes by width (width 1 is a step) and each candidate's draft unit."""
+
+    pass_ms: dict[int, float]  # width -> median ms of one target pass over that many tokens
+    draft_ms: dict[str, float]  # name -> one draft-model step, or one lookup call
+
+    @property
+    def step_ms(self) -> float:
+        return self.pass_ms[1]
+
+    def pass_cost(self, width: int) -> float:
+        """v(width) = T_pass(width) / T_step: measured, or read off a line through the measured widths; never
+        below 1 (a wider pass does the step's work and more: a lower reading is timing noise)."""
+        model = CostModel(k_max=max(self.pass_ms))
+        for w, ms in self.pass_ms.items():
+            model.record_pass(w, ms)
+        return max(1.0, model.pass_seconds(width) / self.step_ms)
+
+
+@torch.inference_mode()
+def lookup_ms(drafter: Drafter, prefix: torch.Tensor, k: int, vocab: int, repeats: int) -> float:
+    """Median ms of one proposal of up to k tokens after prefix (1, L)."""
+    drafter.start(prefix)
+    samples: list[float] = []
+    for _ in range(repeats + 1):
+        seconds: dict[str, float] = {}
+        with stopwatch(seconds, "call", prefix.device):
+            drafter.propose(prefix, k, GREEDY, vocab, None)
+        samples.append(seconds["call"])
+    return 1000 * statistics.median(samples[1:])
+
+
+def measure_timings(
+    target: PreTrainedModel,
+    drafters: Mapping[str, Drafter],
+    prefix: torch.Tensor,
+    *,
+    k_max: int = 8,
+    repeats: int = 3,
+    widths: Sequence[int] = PASS_WIDTHS,
+) -> Timings:
+    """Time the target at a few pass widths and one draft step (or lookup call) of every candidate."""
+    pass_ms = {w: forward_ms(target, prefix, w, repeats=repeats) for w in widths}
+    draft_ms = {
+        name: forward_ms(d.model, prefix, 1, repeats=repeats)
+        if isinstance(d, ModelDrafter)
+        else lookup_ms(d, prefix, k_max, logits_width(target), repeats)
+        for name, d in drafters.items()
+    }
+    return Timings(pass_ms, draft_ms)
+
+
+def alpha_from_tokens_per_pass(tokens_per_pass: float, k: int) -> float:
+    """The alpha for which Eq. 1, (1 - alpha^(k+1)) / (1 - alpha), equals tokens_per_pass (bisection)."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens_per_pass(mid, k) < tokens_per_pass else (low, mid)
+    return (low + high) / 2
+
+
+def measure_alpha(
+    target: PreTrainedModel,
+    drafter: Drafter,
+    ids: torch.Tensor,
+    *,
+    probe_k: int = 4,
+    max_new_tokens: int = 24,
+    sampling: Sampling = GREEDY,
+    eos_token_id: int | list[int] | None = None,
+    seed: int = 0,
+) -> float:
+    """alpha from a short speculative generation at k = probe_k after ids (1, L)."""
+    out = speculative_generate(
+        target, drafter, ids, k=probe_k, sampling=sampling, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id, generator=torch.Generator(device=ids.device).manual_seed(seed),
+    )  # fmt: skip
+    stats = out.stats
+    per_pass = (stats.accepted + stats.target_forwards) / stats.target_forwards  # before EOS truncation
+    return alpha_from_tokens_per_pass(per_pass, probe_k)
+
+
+def predicted_speedup(
+    alpha: float, c: float, k: int, pass_cost: float, draft_cost: str = "per_token"
+) -> float:
+    """Thm 3.8 with the measured pass cost v(k+1) in place of 1; a per-call drafter pays c once per round."""
+    drafting = c if draft_cost == "per_call" else k * c
+    return expected_tokens_per_pass(alpha, k) / (drafting + pass_cost)
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One candidate: measured c and alpha, and Thm 3.8's speedup at the run's k and at its best k."""
+
+    name: str
+    draft_cost: str  # per_token (c per drafted token) or per_call (c per lookup)
+    draft_ms: float  # one draft step or lookup call
+    c: float  # draft_ms / target step ms
+    alpha: float
+    k: int  # the draft length the speedup is predicted at (the run's k, else best_k)
+    pass_cost: float  # v(k+1): one verification pass over k+1 tokens, in target steps
+    speedup: float  # predicted at k
+    best_k: int  # 1..k_max maximising the predicted speedup
+    best_speedup: float
+
+    @property
+    def slower_than_target(self) -> bool:
+        """c > 1 for a draft model: speculative decoding cannot gain with it."""
+        return self.draft_cost == "per_token" and self.c > 1.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every candidate's result (best first), the chosen one and why."""
+
+    step_ms: float  # one target step
+    results: tuple[CandidateResult, ...]
+    chosen: str
+    reason: str
+
+    @property
+    def choice(self) -> CandidateResult:
+        return next(r for r in self.results if r.name == self.chosen)
+
+    def rows(self) -> list[dict[str, object]]:
+        return [asdict(r) for r in self.results]
+
+
+def evaluate(
+    name: str, draft_cost: str, timings: Timings, alpha: float, k: int | None, k_max: int
+) -> CandidateResult:
+    c = timings.draft_ms[name] / timings.step_ms
+    widths = range(1, max(k_max, k or 1) + 1)
+    speedups = {j: predicted_speedup(alpha, c, j, timings.pass_cost(j + 1), draft_cost) for j in widths}
+    best_k = max(range(1, k_max + 1), key=lambda j: (speedups[j], -j))
+    at = best_k if k is None else k
+    return CandidateResult(
+        name, draft_cost, timings.draft_ms[name], c, alpha, at, timings.pass_cost(at + 1), speedups[at], best_k,
+        speedups[best_k],
+    )  # fmt: skip
+
+
+def choose(results: Sequence[CandidateResult]) -> tuple[str, str]:
+    """The candidate with the best predicted speedup at the run's k, and a sentence saying why."""
+    ranked = sorted(results, key=lambda r: -r.speedup)
+    best = ranked[0]
+    reason = (
+        f"{best.name}: predicted {best.speedup:.2f}x at k={best.k} (alpha {best.alpha:.2f}, c {best.c:.2f}, "
+        f"verification pass {best.pass_cost:.2f} target steps), the best of {len(ranked)} candidates"
+    )
+    if len(ranked) > 1:
+        reason += f"; next {ranked[1].name} at {ranked[1].speedup:.2f}x"
+    if best.speedup <= 1.0:
+        reason += (
+            ". No candidate is predicted to beat the target alone on this machine at this k"
+            f" (best k {best.best_k}: {best.best_speedup:.2f}x); k=auto falls back to plain target steps"
+        )
+    slow = [r.name for r in results if r.slower_than_target]
+    if slow:
+        reason += (
+            f". Slower than the target (c > 1): {', '.join(slow)}; speculative decoding cannot gain with "
+            f"{'that draft' if len(slow) == 1 else 'those drafts'} on this machine"
+        )
+    return best.name, reason + "."
+
+
+def calibrate(
+    target: PreTrainedModel,
+    drafters: Mapping[str, Drafter],
+    ids: torch.Tensor,
+    *,
+    k: int | None = None,
+    k_max: int = 8,
+    probe_k: int = 4,
+    probe_tokens: int = 24,
+    sampling: Sampling = GREEDY,
+    eos_token_id: int | list[int] | None = None,
+    seed: int = 0,
+    repeats: int = 3,
+    timings: Timings | None = None,
+    alphas: Mapping[str, float] | None = None,
+) -> Calibration:
+    """Measure (or take) timings and alphas of the candidates after ids (1, L); pick the best predicted speedup.
+
+    k: the run's draft length (None: each candidate at its own best k). timings / alphas: injected
+    measurements, for reproducible choices in tests.
+    """
+    check_candidates(list(drafters))
+    timings = timings or measure_timings(target, drafters, ids, k_max=k_max, repeats=repeats)
+    if alphas is None:
+        alphas = {
+            name: measure_alpha(
+                target, d, ids, probe_k=probe_k, max_new_tokens=probe_tokens, sampling=sampling,
+                eos_token_id=eos_token_id, seed=seed,
+            )
+            for name, d in drafters.items()
+        }  # fmt: skip
+    results = [evaluate(n, d.draft_cost, timings, alphas[n], k, k_max) for n, d in drafters.items()]
+    chosen, reason = choose(results)
+    ranked = tuple(sorted(results, key=lambda r: -r.speedup))
+    return Calibration(timings.step_ms, ranked, chosen, reason)
