@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import matplotlib
@@ -45,15 +46,19 @@ def acceptance_by_position(spec: pd.DataFrame, alpha: float, path: Path) -> Path
     """Bars: acceptance rate at each draft position (mean over prompts, 95% CI); line: measured alpha."""
     fig, ax = plt.subplots(figsize=(6, 4))
     sns.barplot(data=position_rates(spec), x="position", y="rate", ax=ax, color="C0", errorbar=("ci", 95))
-    ax.axhline(alpha, color="C3", ls="--", label=f"alpha = {alpha:.2f}")
-    ax.set(xlabel="draft position i", ylabel="P(accept i | reached i)", ylim=(0, 1.05))
+    if not math.isnan(alpha):  # trees measure no alpha
+        ax.axhline(alpha, color="C3", ls="--", label=f"alpha = {alpha:.2f}")
+        ax.legend()
+    ax.set(xlabel="draft position i (tree depth)", ylabel="P(accept i | reached i)", ylim=(0, 1.05))
     ax.set_title("Acceptance by draft position")
-    ax.legend()
     return save(fig, path)
 
 
-def accepted_length_histogram(spec: pd.DataFrame, alpha: float, k: int, path: Path) -> Path:
-    """Share of rounds accepting n = 0..k drafts, next to the i.i.d. model alpha^n (1 - alpha)."""
+def accepted_length_histogram(
+    spec: pd.DataFrame, alpha: float, k: int, path: Path, theory: bool = True
+) -> Path:
+    """Share of rounds accepting n = 0..k drafts (a tree: the accepted depth), next to the i.i.d. model
+    alpha^n (1 - alpha) when `theory` (a chain of fixed k)."""
     counts = pd.Series([n for rounds in spec["accepted_per_round"] for n in rounds]).value_counts(
         normalize=True
     )
@@ -61,9 +66,12 @@ def accepted_length_histogram(spec: pd.DataFrame, alpha: float, k: int, path: Pa
     measured["share"] = measured["accepted"].map(counts).fillna(0.0)
     fig, ax = plt.subplots(figsize=(6, 4))
     sns.barplot(data=measured, x="accepted", y="share", ax=ax, color="C0", label="measured")
-    ax.plot(range(k + 1), accepted_length_distribution(alpha, k), "o-", color="C3", label="theory (alpha)")
+    if theory:
+        theory_shares = accepted_length_distribution(alpha, k)
+        ax.plot(range(k + 1), theory_shares, "o-", color="C3", label="theory (alpha)")
     ax.set(xlabel="draft tokens accepted in a round", ylabel="share of rounds")
-    ax.set_title(f"Accepted length per round (k = {k})")
+    title = f"Accepted length per round (k = {k})" if theory else f"Accepted depth per round (longest {k})"
+    ax.set_title(title)
     ax.legend()
     return save(fig, path)
 
@@ -98,14 +106,39 @@ def speedup_vs_theory(metrics: dict[str, float], k: int, path: Path) -> Path:
     return save(fig, path)
 
 
-def run_figures(rows: pd.DataFrame, metrics: dict[str, float], k: int, folder: Path) -> list[Path]:
-    """Every figure of one run that its rows support; returns the files written."""
+def chosen_k_histogram(counts: list[int], metrics: dict[str, float], path: Path) -> Path:
+    """k=auto: rounds that chose each draft length k = 0 (a plain target step) .. k_max."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.barplot(x=list(range(len(counts))), y=counts, ax=ax, color="C0")
+    ax.set(xlabel="draft length k chosen by the cost model (0: plain target step)", ylabel="rounds")
+    ax.set_title(f"Chosen k per round (mean {metrics['chosen_k_mean']:.2f})")
+    return save(fig, path)
+
+
+def run_figures(
+    rows: pd.DataFrame,
+    metrics: dict[str, float],
+    histograms: dict[str, list[int]],
+    k: int | None,
+    longest: int,
+    folder: Path,
+) -> list[Path]:
+    """Every figure of one run that its rows support; returns the files written.
+
+    k: the fixed chain length (None for k=auto and trees: no Thm 3.8 curve); longest: the longest draft
+    (k, k_max or the tree depth)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = [tokens_per_second(rows, folder / "tokens_per_second.png")]
     spec = rows[(rows["method"] == "speculative") & (rows["drafted"] > 0)]
     if not spec.empty:
         paths.append(acceptance_by_position(spec, metrics["alpha"], folder / "acceptance_by_position.png"))
-        paths.append(accepted_length_histogram(spec, metrics["alpha"], k, folder / "accepted_length.png"))
+        paths.append(
+            accepted_length_histogram(
+                spec, metrics["alpha"], longest, folder / "accepted_length.png", theory=k is not None
+            )
+        )
+    if k is None and "chosen_k" in histograms:
+        paths.append(chosen_k_histogram(histograms["chosen_k"], metrics, folder / "chosen_k.png"))
     if "c" in metrics:
         paths.append(speedup_vs_theory(metrics, k, folder / "speedup_vs_theory.png"))
     return paths

@@ -3,7 +3,10 @@
 Offline by default (files under the run folder, uploaded later with `wandb sync`), online on
 request, or nothing at all. Metric names are the same in every run so a sweep groups in one
 dashboard: acceptance_rate, mean_accepted_length, alpha, speedup, theoretical_speedup, c,
-tokens_per_second/<method>, peak_memory_mb/<method>, ...
+tokens_per_second/<method>, tokens_per_pass/<method>, peak_memory_mb/<method>, chosen_k_mean,
+tree_nodes_mean, accepted_depth_mean, predicted_tokens_per_second, measured_tokens_per_second, ...
+Histograms of the speculative rounds (chosen_k, accepted_depth: rounds per value 0, 1, ...) are
+logged as wandb.Histogram under histograms/<name> and as a table under histograms/<name>_table.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from omegaconf import DictConfig
 
 PROMPT_METRICS = (
     "tokens_per_second", "seconds_total", "emitted", "acceptance_rate", "mean_accepted_length", "alpha",
-    "nll", "agreement", "distinct_2", "repetition_4", "peak_rss_mb",
+    "nll", "agreement", "distinct_2", "repetition_4", "peak_rss_mb", "chosen_k_mean", "tree_nodes_mean",
+    "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second",
 )  # fmt: skip
 
 
@@ -26,7 +30,11 @@ class NoLogger:
         pass
 
     def log_run(
-        self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path]
+        self,
+        metrics: dict[str, float],
+        tables: dict[str, pd.DataFrame],
+        figures: list[Path],
+        histograms: dict[str, list[int]],
     ) -> None:
         pass
 
@@ -63,13 +71,28 @@ class WandbLogger:
         }
         self.run.log({"prompt": index, **metrics}, step=index)
 
+    def histogram(self, counts: list[int]):
+        """counts[v] rounds had value v: one bin per integer value, centred on it."""
+        edges = [v - 0.5 for v in range(len(counts) + 1)]
+        return self.wandb.Histogram(np_histogram=(counts, edges))
+
     def log_run(
-        self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path]
+        self,
+        metrics: dict[str, float],
+        tables: dict[str, pd.DataFrame],
+        figures: list[Path],
+        histograms: dict[str, list[int]],
     ) -> None:
-        """Summary metrics (stable names), tables (e.g. per-prompt rows, sample outputs) and figures."""
+        """Summary metrics (stable names), tables (e.g. per-prompt rows, sample outputs), figures and
+        histograms (counts per integer value, e.g. rounds per chosen k)."""
         self.run.summary.update(metrics)
         logged = {name: self.wandb.Table(dataframe=df) for name, df in tables.items()}
         logged.update({f"figures/{p.stem}": self.wandb.Image(str(p)) for p in figures})
+        for name, counts in histograms.items():
+            logged[f"histograms/{name}"] = self.histogram(counts)
+            logged[f"histograms/{name}_table"] = self.wandb.Table(
+                columns=[name, "rounds"], data=[[value, n] for value, n in enumerate(counts)]
+            )
         self.run.log(logged)
 
     def finish(self, interrupted: bool = False) -> None:

@@ -3,6 +3,8 @@
     python -m experiments.run                         # offline default (conf/config.yaml), CPU
     python -m experiments.run model=gemma2 k=4        # a hub pair on a GPU
     python -m experiments.run -m k=1,2,4,8 temperature=0,0.7,1 quantization=none,nf4
+    python -m experiments.run model=smollm2_ngram k=auto     # draft length chosen each round (k_max)
+    python -m experiments.run model=smollm2_ngram tree=ngram # a token tree per pass (conf/tree/)
 
 For every prompt each method gets a fresh torch.Generator(seed) and the same max_new_tokens; one
 short warm-up generation per method runs first and is not counted. Per-prompt rows are appended
@@ -27,7 +29,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec import Generation, Sampling, autoregressive_generate, draft_then_score, speculative_generate
+from specdec import (
+    Generation,
+    HybridTreeDrafter,
+    ModelTreeDrafter,
+    NGramTreeDrafter,
+    Sampling,
+    Stats,
+    TreeDrafter,
+    autoregressive_generate,
+    draft_then_score,
+    speculative_generate,
+    tree_generate,
+)
 from specdec.models import encode_prompt
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 
@@ -36,14 +50,58 @@ from .logger import make_logger
 from .pair import Pair, load_pair_once
 from .prompts import Prompt, load_prompts
 from .records import machine, machine_sentence, peak_memory, strict_json, write_json
+from .schema import AUTO, TreeKind
 from .settings import ConfigError, methods_of, sampling_of, validate
-from .summary import method_markdown, method_table, naive_sentence, run_metrics
+from .summary import mean, method_markdown, method_table, naive_sentence, rounds_markdown, run_metrics
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
 # bitsandbytes int8 warns about a dtype cast on every forward pass
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
-LIST_FIELDS = ("accepted_per_round", "drafted_at", "accepted_at", "reached_at")  # per-round detail kept for the figures
+LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
+    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "tree_nodes", "tree_depths",
+)  # fmt: skip
+
+
+def ngram_tree(tree: DictConfig, pair: Pair) -> NGramTreeDrafter:
+    return NGramTreeDrafter(
+        tree.max_ngram, tree.min_ngram, matches=tree.matches, depth=tree.depth, nodes=tree.nodes
+    )
+
+
+def model_tree(tree: DictConfig, pair: Pair) -> ModelTreeDrafter:
+    """The pair's draft model branching (settings.check_tree refuses n-gram pairs before loading)."""
+    if pair.draft_model is None:
+        raise ConfigError(f"tree={tree.kind} needs a draft model, but this pair loaded none: use tree=ngram")
+    return ModelTreeDrafter(
+        pair.draft_model, tuple(tree.branches), depth=tree.depth, nodes=tree.nodes, children=tree.children
+    )
+
+
+def hybrid_tree(tree: DictConfig, pair: Pair) -> HybridTreeDrafter:
+    return HybridTreeDrafter(ngram_tree(tree, pair), model_tree(tree, pair))
+
+
+TREE_DRAFTERS = {TreeKind.NGRAM: ngram_tree, TreeKind.MODEL: model_tree, TreeKind.HYBRID: hybrid_tree}
+
+
+def tree_drafter(tree: DictConfig, pair: Pair) -> TreeDrafter:
+    """A fresh tree drafter of the kind tree.kind names (not none), built from the pair's draft model."""
+    return TREE_DRAFTERS[TreeKind(tree.kind)](tree, pair)
+
+
+def uses_tree(cfg: DictConfig) -> bool:
+    return cfg.tree.kind != TreeKind.NONE
+
+
+def chain_k(cfg: DictConfig) -> int | None:
+    """The fixed draft length of a chain (what Thm 3.8 is checked at); None for k=auto and trees."""
+    return None if uses_tree(cfg) or cfg.k == AUTO else cfg.k
+
+
+def longest_draft(cfg: DictConfig) -> int:
+    """The longest draft a round may verify: the tree's depth, k_max for k=auto, else k."""
+    return cfg.tree.depth if uses_tree(cfg) else cfg.k_max if cfg.k == AUTO else cfg.k
 
 
 def generate(
@@ -59,12 +117,24 @@ def generate(
     }
     if method == "autoregressive":
         return autoregressive_generate(pair.target, ids, **common)
+    if method == "speculative" and uses_tree(cfg):
+        drafter = tree_drafter(cfg.tree, pair)
+        return tree_generate(pair.target, drafter, ids, max_nodes=cfg.tree.max_nodes, **common)
     if method == "speculative":
-        return speculative_generate(pair.target, pair.drafter, ids, k=cfg.k, **common)
+        return speculative_generate(pair.target, pair.drafter, ids, k=cfg.k, k_max=cfg.k_max, **common)
     return draft_then_score(
         pair.target, pair.draft_model, ids, draft_tokenizer=pair.draft_tokenizer, target_tokenizer=pair.tokenizer,
         **common,
     )  # fmt: skip
+
+
+def round_means(stats: Stats) -> dict[str, float | None]:
+    """Per prompt: mean chosen k (chains), nodes per pass (trees), accepted depth; None where not drafted."""
+    return {
+        "chosen_k_mean": mean(stats.chosen_k) if stats.chosen_k else None,
+        "tree_nodes_mean": mean(stats.tree_nodes) if stats.tree_nodes else None,
+        "accepted_depth_mean": mean(stats.accepted_per_round) if stats.accepted_per_round else None,
+    }
 
 
 def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor | None) -> dict:
@@ -98,6 +168,7 @@ def prompt_rows(
                 "method": method,
                 "prompt_tokens": ids.shape[-1],
                 **stats.summary(),
+                **round_means(stats),
                 **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
                 **quality(pair, ids, out.tokens, reference),
                 "weights_mb": pair.weights_mb(method),
@@ -138,6 +209,10 @@ def run_keys(cfg: DictConfig, pair: Pair) -> dict:
         "draft_quantization": pair.draft_quantization,
         "method": cfg.method,
         "k": cfg.k,
+        "k_max": cfg.k_max,
+        "tree": cfg.tree.kind,
+        "tree_nodes": cfg.tree.nodes if uses_tree(cfg) else None,
+        "tree_depth": cfg.tree.depth if uses_tree(cfg) else None,
         "temperature": float(cfg.temperature),
         "top_k": cfg.top_k,
         "top_p": float(cfg.top_p),
@@ -159,7 +234,13 @@ def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
 
 
 def write_summary(
-    run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict, sentence: str, done: int
+    run_dir: Path,
+    keys: dict,
+    table: pd.DataFrame,
+    metrics: dict,
+    histograms: dict[str, list[int]],
+    sentence: str,
+    done: int,
 ) -> str:
     """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
     theory = ""
@@ -175,13 +256,14 @@ def write_summary(
     env = json.loads((run_dir / "environment.json").read_text())
     text = (
         f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
-        f"{table_text}\n\n{theory}{sentence}\n"
+        f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
         "config": keys,
         "metrics": {k: strict_json(v) for k, v in metrics.items()},
+        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
         "prompts_done": done,
         "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
     }
@@ -189,17 +271,20 @@ def write_summary(
     return text
 
 
-def summarize(run_dir: Path, keys: dict, prompts: list[Prompt], logger, greedy: bool) -> pd.DataFrame:
-    """Table, metrics, figures and logs from the rows in results.jsonl."""
+def summarize(
+    run_dir: Path, cfg: DictConfig, keys: dict, prompts: list[Prompt], logger, greedy: bool
+) -> pd.DataFrame:
+    """Table, metrics, histograms, figures and logs from the rows in results.jsonl."""
     rows = read_rows(run_dir / "results.jsonl")
     table = method_table(rows)
-    metrics = run_metrics(table, rows, keys["k"])
+    k, longest = chain_k(cfg), longest_draft(cfg)
+    metrics, histograms = run_metrics(table, rows, k, longest)
     text = write_summary(
-        run_dir, keys, table, metrics, naive_sentence(table, greedy), rows["prompt_id"].nunique()
-    )
-    figures = run_figures(rows, metrics, keys["k"], run_dir / "figures")
+        run_dir, keys, table, metrics, histograms, naive_sentence(table, greedy), rows["prompt_id"].nunique()
+    )  # fmt: skip
+    figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
     scalar_rows = rows.drop(columns=list(LIST_FIELDS))
-    logger.log_run(metrics, {"results": scalar_rows, "samples": samples(rows, prompts)}, figures)
+    logger.log_run(metrics, {"results": scalar_rows, "samples": samples(rows, prompts)}, figures, histograms)
     print(text)
     return table
 
@@ -233,7 +318,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     write_json(run_dir / "environment.json", env)
     keys = run_keys(cfg, pair)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
-    name = f"{keys['model']}-{keys['draft_quantization']}-k{cfg.k}-T{keys['temperature']:g}"
+    schedule = f"tree{cfg.tree.kind}" if uses_tree(cfg) else f"k{cfg.k}"
+    name = f"{keys['model']}-{keys['draft_quantization']}-{schedule}-T{keys['temperature']:g}"
     logger = make_logger(cfg.logger, run_dir, config, name)
     interrupted, done = False, 0
     interrupt_on_sigterm()
@@ -250,7 +336,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     table = None
     try:
         if done:
-            table = summarize(run_dir, keys, prompts, logger, sampling.greedy)
+            table = summarize(run_dir, cfg, keys, prompts, logger, sampling.greedy)
     finally:
         logger.finish(interrupted)
     if interrupted:

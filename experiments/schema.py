@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from specdec.models import DTYPES, QUANTIZATIONS
+from specdec.tree_drafters import CHILDREN
 
 
 class Method(str, Enum):
@@ -119,6 +120,8 @@ class ModelPairConfig:
     draft: DraftConfig = field(default_factory=DraftConfig)
     device: Any = MISSING
     dtype: Any = choice(DTYPE_CHOICES)
+    k: Any = integer(1, default=4, also=(AUTO,))  # the pair's default k (conf/config.yaml: k: ${model.k})
+    k_max: Any = integer(1, default=8)
 
 
 @dataclass
@@ -149,6 +152,41 @@ class LoggerConfig:
     dir: Any = None
 
 
+class TreeKind(str, Enum):
+    """What the speculative method verifies each pass: a chain of k tokens, or a token tree (specdec.tree)."""
+
+    NONE = "none"  # a chain: speculative_generate with k (an int or auto)
+    NGRAM = "ngram"  # a trie of prompt-lookup matches (NGramTreeDrafter): no draft model
+    MODEL = "model"  # the pair's draft model branching at the first depths (ModelTreeDrafter)
+    HYBRID = "hybrid"  # an n-gram trie and a model tree under one root (HybridTreeDrafter)
+
+
+@dataclass
+class TreeConfig:
+    """One dataclass for every kind; TREE_NEEDS says which keys each kind requires."""
+
+    kind: Any = choice(TreeKind)
+    depth: Any = integer(1, default=None, optional=True)
+    nodes: Any = integer(1, default=None, optional=True)
+    max_nodes: Any = integer(1, default=64)
+    max_ngram: Any = integer(1, default=None, optional=True)
+    min_ngram: Any = integer(1, default=None, optional=True)
+    matches: Any = integer(1, default=None, optional=True)
+    branches: Any = None  # a non-empty list of integers >= 1: checked by settings.check_tree
+    children: Any = choice(tuple(CHILDREN), default=None, optional=True)
+
+
+NGRAM_TREE_KEYS = ("depth", "nodes", "max_ngram", "min_ngram", "matches")
+MODEL_TREE_KEYS = ("depth", "nodes", "branches", "children")
+TREE_NEEDS: dict[TreeKind, tuple[str, ...]] = {
+    TreeKind.NONE: (),
+    TreeKind.NGRAM: NGRAM_TREE_KEYS,
+    TreeKind.MODEL: MODEL_TREE_KEYS,
+    TreeKind.HYBRID: NGRAM_TREE_KEYS + ("branches", "children"),
+}
+TREE_NEEDS_DRAFT_MODEL = (TreeKind.MODEL, TreeKind.HYBRID)
+
+
 @dataclass
 class RunConfig:
     """conf/config.yaml: the groups, then the run's own keys."""
@@ -157,6 +195,7 @@ class RunConfig:
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
     method: Any = choice(Method)
     k: Any = integer(1, also=(AUTO,))
     k_max: Any = integer(1)

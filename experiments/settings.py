@@ -15,7 +15,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from specdec.sampling import Sampling
 
-from .schema import DRAFT_NEEDS, DraftKind, Method, RunConfig
+from .schema import (
+    AUTO,
+    DRAFT_NEEDS,
+    TREE_NEEDS,
+    TREE_NEEDS_DRAFT_MODEL,
+    DraftKind,
+    Method,
+    RunConfig,
+    TreeKind,
+)
 
 BASELINE = Method.AUTOREGRESSIVE.value
 
@@ -126,11 +135,53 @@ def check_draft(draft: DictConfig) -> None:
             raise ConfigError(f"model.draft.kind={draft.kind} needs model.draft.{key}; see conf/model/")
 
 
+def tree_nodes(tree: DictConfig) -> int:
+    """The most nodes one pass of this tree verifies (a hybrid tree holds two parts of `nodes` each)."""
+    return 2 * tree.nodes if tree.kind == TreeKind.HYBRID else tree.nodes
+
+
+def check_tree(cfg: DictConfig) -> None:
+    """The keys the tree's kind needs, a draft model where it branches, and a pass within max_nodes."""
+    tree = cfg.tree
+    kind = TreeKind(tree.kind)
+    if kind is TreeKind.NONE:
+        return
+    for key in TREE_NEEDS[kind]:
+        if tree[key] is None:
+            raise ConfigError(f"tree.kind={kind.value} needs tree.{key}; see conf/tree/{kind.value}.yaml")
+    if cfg.k == AUTO:
+        raise ConfigError(
+            f"k=auto chooses the length of a chain, but tree={kind.value} has its own shape (tree.depth, "
+            "tree.nodes): use tree=none with k=auto, or an integer k with the tree"
+        )
+    if kind in TREE_NEEDS_DRAFT_MODEL and not has_draft_model(cfg):
+        raise ConfigError(
+            f"tree={kind.value} drafts with a draft model, but model={cfg.model.name} drafts with an n-gram "
+            "lookup; use tree=ngram, or a pair with a draft model (model=smollm2_weak, model=smollm2)"
+        )
+    if "max_ngram" in TREE_NEEDS[kind] and tree.max_ngram < tree.min_ngram:
+        raise ConfigError(
+            f"tree.max_ngram must be >= tree.min_ngram, got {tree.max_ngram} < {tree.min_ngram}"
+        )
+    if "branches" in TREE_NEEDS[kind]:
+        branches = tree.branches
+        if isinstance(branches, str) or not OmegaConf.is_list(branches) or len(branches) == 0:
+            raise ConfigError(f"tree.branches must be a non-empty list of integers >= 1, got {branches!r}")
+        for i, b in enumerate(branches):
+            check_int(b, f"tree.branches[{i}]", 1)
+    if tree_nodes(tree) > tree.max_nodes:
+        raise ConfigError(
+            f"tree={kind.value} verifies up to {tree_nodes(tree)} nodes per pass but tree.max_nodes="
+            f"{tree.max_nodes}: lower tree.nodes or raise tree.max_nodes"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
     check_node(cfg, RunConfig)
     sampling_of(cfg)
     check_draft(cfg.model.draft)
+    check_tree(cfg)
     if cfg.method == Method.NAIVE and not has_draft_model(cfg):
         raise ConfigError(
             f"method=naive needs a draft model, but model={cfg.model.name} drafts with an n-gram lookup; "

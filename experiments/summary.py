@@ -1,7 +1,10 @@
 """Per-prompt rows -> per-method table, run metrics with stable names, and the theory they meet.
 
 Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
-tokens per round, c = cost of one draft step / cost of one target step.
+tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
+its accepted depth is the number of draft tokens it accepted (the depth of the accepted path of a
+tree, the accepted prefix of a chain). With k=auto each round's k is chosen by specdec.cost.CostModel,
+which also predicts E(k) tokens in C(k) seconds for the rounds after its warm-up.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 
 
+def is_tree(rows: pd.DataFrame) -> bool:
+    """Whether these rows verified token trees (their overlap with p is not measured: no alpha)."""
+    return "tree_nodes" in rows and bool(rows["tree_nodes"].map(len).sum() > 0)
+
+
 def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
     """Aggregate one method's prompts: throughput over all tokens, quality as a mean over prompts."""
     speculative = rows["drafted"].sum() > 0
@@ -51,7 +59,9 @@ def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
         "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
         if speculative or method == BASELINE
         else math.nan,
-        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
+        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum())
+        if speculative and not is_tree(rows)
+        else math.nan,
         "nll_per_token": rows["nll"].mean(),
         "agreement": rows["agreement"].mean(),
         "distinct_2": rows["distinct_2"].mean(),
@@ -96,8 +106,90 @@ def theory(rows: pd.DataFrame, k: int) -> dict[str, float]:
     }
 
 
-def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int) -> dict[str, float]:
-    """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard."""
+def flatten(lists: pd.Series) -> list[int]:
+    """The per-round lists of every prompt, one after another."""
+    return [value for values in lists for value in values]
+
+
+def counts(values: list[int], longest: int = 0) -> list[int]:
+    """counts[v]: how many of the values equal v, for v = 0..max(longest, max(values))."""
+    top = max([longest, *values])
+    return [sum(1 for v in values if v == i) for i in range(top + 1)]
+
+
+def mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """The speculative method's rounds: their number, chosen k, tree size and accepted depth (means and
+    histograms, longest = k_max or the tree depth), and the cost model's predicted against measured rate."""
+    spec = rows[rows["method"] == "speculative"]
+    if spec.empty:
+        return {}, {}
+    accepted = flatten(spec["accepted_per_round"])
+    metrics = {"rounds": float(spec["target_forwards"].sum()), "accepted_depth_mean": mean(accepted)}
+    histograms = {"accepted_depth": counts(accepted, longest)}
+    chosen = flatten(spec["chosen_k"])
+    if chosen:  # chains: the draft length of every round (0: a plain target step)
+        metrics["chosen_k_mean"] = mean(chosen)
+        histograms["chosen_k"] = counts(chosen, longest)
+    nodes = flatten(spec["tree_nodes"])
+    if nodes:  # trees: nodes verified and depth proposed per pass
+        metrics["tree_nodes_mean"] = mean(nodes)
+        metrics["tree_depth_mean"] = mean(flatten(spec["tree_depths"]))
+    if spec["predicted_seconds"].sum() > 0:  # rounds the cost model predicted (k=auto after warm-up)
+        metrics["predicted_tokens_per_second"] = ratio(
+            spec["predicted_tokens"].sum(), spec["predicted_seconds"].sum()
+        )
+        metrics["measured_tokens_per_second"] = ratio(
+            spec["measured_tokens"].sum(), spec["measured_seconds"].sum()
+        )
+        metrics["predicted_over_measured"] = ratio(
+            metrics["predicted_tokens_per_second"], metrics["measured_tokens_per_second"]
+        )
+    return metrics, histograms
+
+
+def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]]) -> str:
+    """What the speculative rounds did, in sentences (empty when the method did not run)."""
+    if "rounds" not in metrics:
+        return ""
+
+    def listed(name: str) -> str:
+        return ", ".join(f"{value}: {n}" for value, n in enumerate(histograms[name]))
+
+    passes = (
+        f"Speculative rounds (target passes): {metrics['rounds']:.0f}, "
+        f"{metrics['tokens_per_pass/speculative']:.2f} tokens per target pass "
+        f"(target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f})."
+    )
+    depth = (
+        f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
+        f"rounds by depth {listed('accepted_depth')}."
+    )
+    lines = [passes, depth]
+    if "chosen_k" in histograms:
+        lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
+    if "tree_nodes_mean" in metrics:
+        lines.append(
+            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, depth {metrics['tree_depth_mean']:.2f}."
+        )
+    if "predicted_tokens_per_second" in metrics:
+        lines.append(
+            f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
+            f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
+            f"(ratio {metrics['predicted_over_measured']:.2f})."
+        )
+    return "\n".join(lines) + "\n\n"
+
+
+def run_metrics(
+    table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int
+) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard, and the
+    histograms of the speculative rounds. k: the fixed chain length Thm 3.8 is checked at (None for
+    k=auto and trees); longest: the longest draft (k, k_max or the tree depth)."""
     metrics: dict[str, float] = {}
     if "speculative" in table.index:
         spec = table.loc["speculative"]
@@ -107,7 +199,8 @@ def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int) -> dict[str, fl
             alpha=spec["alpha"],
             speedup=spec["speedup"],
         )
-        metrics.update(theory(rows, k))
+        if k is not None:
+            metrics.update(theory(rows, k))
     if "naive" in table.index:
         metrics["speedup/naive"] = table.loc["naive", "speedup"]
         metrics["article_log_likelihood"] = table.loc["naive", "article_log_likelihood"]
@@ -121,7 +214,13 @@ def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int) -> dict[str, fl
         metrics[f"agreement/{method}"] = row["agreement"]
         metrics[f"distinct_2/{method}"] = row["distinct_2"]
         metrics[f"repetition_4/{method}"] = row["repetition_4"]
-    return {key: float(value) for key, value in metrics.items()}
+    for method in ("autoregressive", "speculative"):
+        if method in table.index:
+            done = rows[rows["method"] == method]
+            metrics[f"tokens_per_pass/{method}"] = ratio(done["emitted"].sum(), done["target_forwards"].sum())
+    rounds, histograms = round_metrics(rows, longest)
+    metrics.update(rounds)
+    return {key: float(value) for key, value in metrics.items()}, histograms
 
 
 def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
