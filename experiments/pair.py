@@ -15,15 +15,19 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.calibration import Calibration, calibrate, check_candidates, load_candidate
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter
-from specdec.models import check_tokenizers, layer_truncated_copy, load_model, load_tokenizer
+from specdec.models import check_tokenizers, encode_prompt, layer_truncated_copy, load_model, load_tokenizer
 
-from .schema import DraftKind
-from .settings import draft_quantization, quantization_of
+from .records import cell, markdown_table, write_json
+from .schema import AUTO, DraftKind
+from .settings import ConfigError, draft_quantization, quantization_of, sampling_of
 
 log = logging.getLogger(__name__)
 LOADED: dict[str, Pair] = {}  # at most one pair, kept between the jobs of a sweep
 CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
+# The draft kind `calibrated` measures its candidates on this prompt (short: the calibration takes seconds)
+CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
 
 
 @dataclass
@@ -36,21 +40,26 @@ class Pair:
     draft_model: PreTrainedModel | None  # what the naive method generates with (None for n-gram)
     draft_tokenizer: PreTrainedTokenizerBase | None
     target_quantization: str
-    draft_quantization: str
+    draft_quantization: str  # for model.draft.kind=calibrated: the chosen candidate's name
+    calibration: Calibration | None = None  # model.draft.kind=calibrated: every candidate measured, and why
 
     @property
     def eos_token_id(self) -> list[int]:
-        """End-of-sequence ids of the target's generation config and tokenizer."""
-        ids = self.target.generation_config.eos_token_id
-        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return sorted(set(ids))
+        return eos_ids(self.target, self.tokenizer)
 
     def weights_mb(self, method: str) -> float:
         """Weights the method needs in memory: the target alone, or target and draft model."""
         models = [self.target] if method == "autoregressive" else [self.target, self.draft_model]
         return sum(m.get_memory_footprint() for m in models if m is not None) / 2**20
+
+
+def eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """End-of-sequence ids of the target's generation config and tokenizer."""
+    ids = target.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
 
 
 def offline_pairs() -> list[str]:
@@ -130,16 +139,55 @@ LOAD_DRAFT: dict[DraftKind, Callable[[DictConfig, PreTrainedModel, PreTrainedTok
     DraftKind.QUANTIZED_COPY: quantized_copy,
     DraftKind.TRUNCATED_COPY: truncated_copy,
     DraftKind.NGRAM: no_draft_model,
-}
+}  # DraftKind.CALIBRATED: calibrated_pair
+
+
+def candidate_names(cfg: DictConfig) -> tuple[str, ...]:
+    """model.draft.candidates, checked against specdec.calibration.CANDIDATES before any model loads."""
+    try:
+        return check_candidates(list(cfg.model.draft.candidates))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.draft.candidates: {e}") from e
+
+
+def calibrated_pair(
+    cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target_quantization: str
+) -> Pair:
+    """Load every candidate, calibrate, keep the chosen drafter (and a draft model for the naive method)."""
+    spec = cfg.model.draft
+    ngram = {"max_ngram": spec.max_ngram, "min_ngram": spec.min_ngram}
+    names = candidate_names(cfg)
+    loaded = {name: load_candidate(name, target, cfg.model.target.name, **ngram) for name in names}
+    result = calibrate(
+        target, {name: drafter for name, (drafter, _) in loaded.items()},
+        encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=cfg.dataset.chat),
+        k=None if cfg.k == AUTO else cfg.k, k_max=cfg.k_max, sampling=sampling_of(cfg),
+        eos_token_id=eos_ids(target, tokenizer), seed=cfg.seed,
+    )  # fmt: skip
+    drafter, draft_model = loaded[result.chosen]
+    if draft_model is None:  # n-gram chosen: the naive method still needs a model, the best one measured
+        models = [r.name for r in result.results if loaded[r.name][1] is not None]
+        draft_model = loaded[models[0]][1] if models else None
+    loaded.clear()  # the other candidates go
+    gc.collect()
+    return Pair(
+        target, tokenizer, drafter, draft_model, tokenizer if draft_model is not None else None,
+        target_quantization, result.chosen, result,
+    )  # fmt: skip
 
 
 def load_pair(cfg: DictConfig) -> Pair:
     """Target, draft model and drafter as the (validated) config names them."""
     spec = cfg.model
+    calibrated = DraftKind(spec.draft.kind) == DraftKind.CALIBRATED
+    if calibrated:
+        candidate_names(cfg)  # a bad name fails before any model loads
     warn_if_gated(spec.target)
     target_quantization = quantization_of(cfg, "target")
     target = load(spec.target.name, cfg, target_quantization, cfg.quantization.compute_dtype)
     tokenizer = tokenizer_of(spec.target.name)
+    if calibrated:
+        return calibrated_pair(cfg, target, tokenizer, target_quantization)
     draft_model, draft_tokenizer = LOAD_DRAFT[DraftKind(spec.draft.kind)](cfg, target, tokenizer)
     if draft_model is None:
         drafter: Drafter = NGramDrafter(max_ngram=spec.draft.max_ngram, min_ngram=spec.draft.min_ngram)
@@ -178,3 +226,33 @@ def load_pair_once(cfg: DictConfig) -> Pair:
             torch.cuda.empty_cache()
         LOADED[key] = load_pair(cfg)
     return LOADED[key]
+
+
+def calibration_markdown(calibration: Calibration) -> str:
+    """Which draft the calibration chose and why: each candidate's measured c, alpha, predicted speedup."""
+    rows = [
+        [r.name, cell(r.draft_ms, "{:.1f}"), cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
+         cell(r.pass_cost, "{:.2f}"), cell(r.speedup, "{:.2f}"), str(r.best_k),
+         cell(r.best_speedup, "{:.2f}")]
+        for r in calibration.results
+    ]  # fmt: skip
+    header = ["candidate", "draft ms", "c", "alpha", "k", "pass cost", "predicted speedup", "best k",
+              "at best k"]  # fmt: skip
+    return (
+        f"Draft calibration (model.draft.kind=calibrated; target step {calibration.step_ms:.1f} ms; c per "
+        "draft token, per lookup call for ngram; pass cost = one verification pass over k+1 tokens in "
+        "target steps; speedup by Leviathan's Thm 3.8 with that pass cost):\n\n"
+        f"{markdown_table(header, rows)}\n\nChosen draft: {calibration.reason}\n"
+    )
+
+
+def write_calibration(run_dir: Path, pair: Pair) -> None:
+    """calibration.md and calibration.json in the run folder, when the pair's draft was calibrated."""
+    if pair.calibration is None:
+        return
+    (run_dir / "calibration.md").write_text(calibration_markdown(pair.calibration))
+    write_json(
+        run_dir / "calibration.json",
+        {"chosen": pair.calibration.chosen, "reason": pair.calibration.reason,
+         "target_step_ms": pair.calibration.step_ms, "candidates": pair.calibration.rows()},
+    )  # fmt: skip

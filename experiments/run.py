@@ -47,7 +47,7 @@ from specdec.quality import agreement, distinct_n, negative_log_likelihood, repe
 
 from .figures import run_figures
 from .logger import make_logger
-from .pair import Pair, load_pair_once
+from .pair import Pair, load_pair_once, write_calibration
 from .prompts import Prompt, load_prompts
 from .records import machine, machine_sentence, peak_memory, strict_json, write_json
 from .schema import AUTO, TreeKind
@@ -258,6 +258,8 @@ def write_summary(
         f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
         f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
+    calibration = run_dir / "calibration.md"  # which draft model.draft.kind=calibrated chose, and why
+    text += f"\n{calibration.read_text()}" if calibration.exists() else ""
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
@@ -267,6 +269,8 @@ def write_summary(
         "prompts_done": done,
         "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
     }
+    if calibration.exists():
+        summary["calibration"] = json.loads((run_dir / "calibration.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text
 
@@ -316,6 +320,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     run_dir.mkdir(parents=True, exist_ok=True)
     env = machine(str(cfg.device))
     write_json(run_dir / "environment.json", env)
+    write_calibration(run_dir, pair)  # model.draft.kind=calibrated: calibration.md / .json, read by write_summary
     keys = run_keys(cfg, pair)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
     schedule = f"tree{cfg.tree.kind}" if uses_tree(cfg) else f"k{cfg.k}"

@@ -37,6 +37,7 @@ class DraftKind(str, Enum):
     QUANTIZED_COPY = "quantized_copy"  # the target's own weights, quantized
     TRUNCATED_COPY = "truncated_copy"  # the target's first n_layers blocks with its embeddings and head
     NGRAM = "ngram"  # prompt lookup: no draft model
+    CALIBRATED = "calibrated"  # the fastest of `candidates` on this machine, measured at the start of the run
 
 
 class AppliesTo(str, Enum):
@@ -103,6 +104,7 @@ class DraftConfig:
     n_layers: Any = integer(1, default=None, optional=True)
     min_ngram: Any = integer(1, default=None, optional=True)
     max_ngram: Any = integer("min_ngram", default=None, optional=True)
+    candidates: Any = None  # calibrated: names from specdec.calibration.CANDIDATES, checked by experiments.pair
 
 
 DRAFT_NEEDS: dict[DraftKind, tuple[str, ...]] = {
@@ -110,6 +112,7 @@ DRAFT_NEEDS: dict[DraftKind, tuple[str, ...]] = {
     DraftKind.QUANTIZED_COPY: ("quantization",),
     DraftKind.TRUNCATED_COPY: ("n_layers",),
     DraftKind.NGRAM: ("min_ngram", "max_ngram"),
+    DraftKind.CALIBRATED: ("candidates", "min_ngram", "max_ngram"),
 }
 
 

@@ -17,14 +17,17 @@ gain: E(k) <= k + 1 < k c + 1 <= k c + v(k+1). So the choice is made by measurem
   widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up;
 - alpha: a short speculative_generate at k = probe_k per candidate; alpha is the value for which Eq. 1
   gives the measured tokens per target pass (a lookup that finds nothing counts as a rejection).
+  Candidates are probed in the order of their speedup at alpha = 1 (an upper bound); one whose bound is
+  below the best probed speedup cannot win and is not probed (a slow draft costs most to probe).
 Both can be injected (`timings=`, `alphas=`), which makes the choice reproducible in tests.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -170,7 +173,7 @@ class CandidateResult:
     draft_cost: str  # per_token (c per drafted token) or per_call (c per lookup)
     draft_ms: float  # one draft step or lookup call
     c: float  # draft_ms / target step ms
-    alpha: float
+    alpha: float  # NaN: not probed, since even alpha = 1 could not beat the best probed (speedups: bounds)
     k: int  # the draft length the speedup is predicted at (the run's k, else best_k)
     pass_cost: float  # v(k+1): one verification pass over k+1 tokens, in target steps
     speedup: float  # predicted at k
@@ -223,13 +226,17 @@ def choose(results: Sequence[CandidateResult]) -> tuple[str, str]:
         f"verification pass {best.pass_cost:.2f} target steps), the best of {len(ranked)} candidates"
     )
     if len(ranked) > 1:
-        reason += f"; next {ranked[1].name} at {ranked[1].speedup:.2f}x"
+        bound = "at most " if math.isnan(ranked[1].alpha) else ""
+        reason += f"; next {ranked[1].name} at {bound}{ranked[1].speedup:.2f}x"
     if best.speedup <= 1.0:
         reason += (
             ". No candidate is predicted to beat the target alone on this machine at this k"
             f" (best k {best.best_k}: {best.best_speedup:.2f}x); k=auto falls back to plain target steps"
         )
-    slow = [r.name for r in results if r.slower_than_target]
+    skipped = [r.name for r in ranked if math.isnan(r.alpha)]
+    if skipped:
+        reason += f". Not probed for alpha (could not win even at alpha = 1): {', '.join(skipped)}"
+    slow = [r.name for r in ranked if r.slower_than_target]
     if slow:
         reason += (
             f". Slower than the target (c > 1): {', '.join(slow)}; speculative decoding cannot gain with "
@@ -261,15 +268,21 @@ def calibrate(
     """
     check_candidates(list(drafters))
     timings = timings or measure_timings(target, drafters, ids, k_max=k_max, repeats=repeats)
-    if alphas is None:
-        alphas = {
-            name: measure_alpha(
-                target, d, ids, probe_k=probe_k, max_new_tokens=probe_tokens, sampling=sampling,
+    # alpha = 1 bounds what a candidate can gain; probe the most promising first, skip those that cannot win
+    bounds = {n: evaluate(n, d.draft_cost, timings, 1.0, k, k_max) for n, d in drafters.items()}
+    results: list[CandidateResult] = []
+    for name in sorted(drafters, key=lambda n: -bounds[n].speedup):
+        if alphas is not None:
+            alpha = alphas[name]
+        elif results and bounds[name].speedup < max(r.speedup for r in results):
+            results.append(replace(bounds[name], alpha=math.nan))  # not probed: its speedups are upper bounds
+            continue
+        else:
+            alpha = measure_alpha(
+                target, drafters[name], ids, probe_k=probe_k, max_new_tokens=probe_tokens, sampling=sampling,
                 eos_token_id=eos_token_id, seed=seed,
-            )
-            for name, d in drafters.items()
-        }  # fmt: skip
-    results = [evaluate(n, d.draft_cost, timings, alphas[n], k, k_max) for n, d in drafters.items()]
+            )  # fmt: skip
+        results.append(evaluate(name, drafters[name].draft_cost, timings, alpha, k, k_max))
     chosen, reason = choose(results)
     ranked = tuple(sorted(results, key=lambda r: -r.speedup))
     return Calibration(timings.step_ms, ranked, chosen, reason)
