@@ -72,9 +72,10 @@ class Stats:
     tree_nodes: list[int] = field(default_factory=list)  # token trees: nodes verified in each round
     tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
-    def record_round(self, drafted: int, accepted: int, observed: int) -> None:
+    def record_round(self, drafted: int, accepted: int, observed: int, overlapped: int | None = None) -> None:
         """Add one verification round: `drafted` proposed, `accepted` kept, `observed` = min(accepted + 1, drafted)
-        positions tested (those on the output path, also the positions in the overlap)."""
+        positions tested (those on the output path); `overlapped` positions added to overlap_sum (default
+        `observed`; token trees pass their own count)."""
         self.drafted += drafted
         self.accepted += accepted
         self.target_forwards += 1
@@ -89,7 +90,7 @@ class Stats:
         for i in range(accepted):
             self.accepted_at[i] += 1
         self.accepted_per_round.append(accepted)
-        self.overlap_count += observed
+        self.overlap_count += observed if overlapped is None else overlapped
 
     @property
     def acceptance_rate(self) -> float:

@@ -9,6 +9,10 @@ node's position id is the position of the root plus its depth (Miao et al. 2023,
 accept_tree walks the tree with the exact rules; afterwards the target's KV cache keeps only the
 accepted path (compaction, CachedLM.compact), never the rejected branches.
 
+How much to draft (k="auto", specdec.cost.TreeCostModel): each round a depth d and a node budget N are
+chosen from earlier rounds only; the drafter is asked for depth d and its tree cut to its first N nodes
+by depth, then drafter order (prune_tree). d = 0 is a plain target step that calls no drafter.
+
 Sliding-window layers (Gemma2, Mistral, Qwen2) get their own mask, which also hides keys more than
 a window behind each query, so trees are exact there too. Attention backends that take no 4D mask
 (FlashAttention, flex attention) are refused.
@@ -24,11 +28,12 @@ from transformers import PreTrainedModel
 
 from .cached import CachedLM
 from .checks import check_generation_args
+from .cost import FixedDraftLength, TreeChoice, TreeCostModel, breadth_first, tree_rule
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
-from .tree_accept import IID, MODE_NAMES, accept_tree
+from .tree_accept import DETERMINISTIC, IID, MODE_NAMES, accept_tree, children_of
 
 MASKED_BACKENDS = ("eager", "sdpa")  # attention implementations that take a user-supplied 4D mask
 
@@ -229,13 +234,81 @@ class TreeDrafter(Protocol):
         """Only the first `length` tokens of the last sequence are still valid."""
 
 
-def record_tree_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int) -> None:
-    """Count one pass: per-position counters by depth, `drafted` counts every node."""
+def prune_tree(tree: TreeDraft, depth: int, nodes: int) -> TreeDraft:
+    """The tree cut to depth <= `depth` and then to its first `nodes` nodes in breadth_first order (depth, then
+    drafter order), node ids renumbered in their original order (still topological).
+
+    The kept nodes form a subtree: each kept node's parent is shallower and its earlier siblings come before
+    it at the same depth, so they are kept too; every node keeps its own q row and mode.
+
+    Why the rules stay exact when depth and nodes are fixed before drafting: a node's place in the order
+    depends only on how many nodes lie at smaller depths and which nodes precede it at its own depth, never
+    on its own token or anything drafted below it. So at every node u, which of u's children are kept is
+    decided by the tree above them (u's path and the nodes beside it), not by the children's draws. Given
+    u's path, the kept children are therefore drawn as their mode says: deterministic candidates stay
+    candidates fixed before p is seen; i.i.d. children stay i.i.d. draws from q; for children drawn without
+    replacement the kept ones are the first draws in draw order, and the first j draws without replacement
+    have the same law whether or not more draws follow, with the same rows q_1..q_j (recursive rejection
+    sampling only uses the rows of the children it tries). Cutting siblings by anything that looks at their
+    tokens (say, keep the likely ones) would break this; so would a drafter that orders nodes of one depth by
+    their own tokens, which none of specdec.tree_drafters does.
+    """
+    depths = tree.depths()
+    keep = sorted([i for i in breadth_first(depths) if depths[i] <= depth][: max(0, nodes)])
+    if len(keep) == tree.size:
+        return tree
+    new_id = {old: new for new, old in enumerate(keep)}
+    parents = [new_id[p] if p >= 0 else -1 for p in tree.parents[keep].tolist()]
+    index = torch.tensor(keep, dtype=torch.long, device=tree.tokens.device)
+    return TreeDraft(
+        tree.tokens[index],
+        torch.tensor(parents, dtype=torch.long, device=tree.tokens.device),
+        tree.q[index],
+        tree.modes[index],
+        tree.forwards,
+    )
+
+
+def path_overlaps(p: torch.Tensor, tree: TreeDraft, path: list[int]) -> torch.Tensor:
+    """beta = sum_x min(p, q) at each node the walk visited (the root, then the accepted nodes) that has
+    children, with q the row of its first sampled child, or of its first child when all are deterministic
+    (one-hot: beta = p(x), as for a lookup chain). (visited,), on the device.
+
+    This is Leviathan's alpha for the draft model's first try at each depth on the output path, comparable
+    with a chain's. For a tree of deterministic candidates only (n-gram tries) it is p of the first
+    candidate, which measures the lookup, not a draft distribution."""
+    children = children_of(tree.parents.tolist())
+    modes = tree.modes.tolist()
+    rows, nodes = [], []
+    for node in [-1, *path]:
+        kids = children.get(node)
+        if kids:
+            sampled = [c for c in kids if modes[c] != DETERMINISTIC]
+            rows.append((sampled or kids)[0])
+            nodes.append(node + 1)
+    if not rows:
+        return torch.zeros(0, device=p.device)
+    q = tree.q[rows].to(p.device)  # (visited, V)
+    return torch.minimum(p[nodes], q).sum(dim=-1)
+
+
+def record_tree_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int, overlapped: int = 0) -> None:
+    """Count one pass: per-position counters by depth, `drafted` counts every node; `overlapped` positions
+    were added to stats.overlap_sum."""
     depth = max(depths, default=0)
-    stats.record_round(depth, accepted, min(accepted + 1, depth))
+    stats.record_round(depth, accepted, min(accepted + 1, depth), overlapped=overlapped)
     stats.drafted += tree.size - depth
     stats.tree_nodes.append(tree.size)
     stats.tree_depths.append(depth)
+
+
+def choose(rule: FixedDraftLength | TreeCostModel | None, limit: int, max_nodes: int) -> TreeChoice:
+    """This round's depth (and node budget for a cost model), from earlier rounds only."""
+    if rule is None:
+        return TreeChoice(limit)
+    if isinstance(rule, TreeCostModel):
+        return rule.choose_tree(limit, max_nodes)
+    return TreeChoice(rule.choose(limit).k)
 
 
 def tree_generate(
@@ -248,28 +321,47 @@ def tree_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     max_nodes: int = 64,
+    k: int | str | TreeCostModel | None = None,
+    k_max: int = 8,
 ) -> Generation:
     """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution, verifying
-    one draft tree per target pass (at most max_nodes nodes); an empty tree is a plain target step."""
+    one draft tree per target pass (at most max_nodes nodes); an empty tree is a plain target step.
+
+    k: None (default): the drafter's own tree, as deep as the budget allows; an int: trees of depth at most
+    k; "auto": each round a depth 0..k_max and a node budget <= max_nodes chosen by a fresh TreeCostModel
+    from measured costs and past acceptance (the drafter is cut to them, see prune_tree); a TreeCostModel
+    instance is used as given and keeps its measurements across calls. "auto" needs a drafter with a
+    draft_cost attribute ("per_token" or "per_call").
+    """
+    if isinstance(k, int) and not isinstance(k, bool) and k < 1:
+        raise ValueError(f"k (tree depth per round) must be >= 1, 'auto', a TreeCostModel or None, got {k}")
+    rule = tree_rule(k, k_max, drafter)
     check_generation_args(target, input_ids, max_new_tokens)
     check_tree_backend(target)
     if max_nodes < 1:
         raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
+    clock = rule.clock if rule is not None else FixedDraftLength.clock
     eos = EosSet(eos_token_id)
     stats = Stats()
     lm = CachedLM(target)
     vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
     sequence = input_ids.to(lm.device)
+    overlap_total = torch.zeros((), device=lm.device)
     with stopwatch(stats.seconds, "total", lm.device):
         with stopwatch(stats.seconds, "prefill", lm.device):
             if sequence.shape[-1] > 1:
                 lm.forward(sequence[:, :-1], last_only=True)
             drafter.start(sequence)
         while stats.emitted < max_new_tokens:
-            depth = max_new_tokens - stats.emitted - 1  # never draft past the budget
-            with stopwatch(stats.seconds, "draft", lm.device):
-                tree = drafter.propose(sequence, depth, sampling, vocab, generator)
-            with stopwatch(stats.seconds, "verify", lm.device):
+            choice = choose(rule, max_new_tokens - stats.emitted - 1, max_nodes)  # never past the budget
+            spent: dict[str, float] = {}
+            with stopwatch(spent, "draft", lm.device, clock):
+                if rule is None or choice.k:
+                    proposed = drafter.propose(sequence, choice.k, sampling, vocab, generator)
+                else:
+                    proposed = empty_tree(vocab, sequence.device)  # a plain step calls no drafter
+                tree = proposed if choice.nodes is None else prune_tree(proposed, choice.k, choice.nodes)
+            with stopwatch(spent, "verify", lm.device, clock):
                 if tree.size:
                     p = verify_tree(lm, sequence, tree, sampling, vocab, max_nodes)  # (n+1, V)
                     path, next_token = accept_tree(p, tree, generator)
@@ -278,11 +370,17 @@ def tree_generate(
                     p = probabilities(lm.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
                     path, next_token = [], sample(p, generator)
             stats.draft_forwards += tree.forwards
-            record_tree_round(stats, tree, tree.depths(), len(path))
+            betas = path_overlaps(p, tree, path)  # (visited,) stays on the device
+            overlap_total += betas.sum()
+            record_tree_round(stats, tree, tree.depths(), len(path), overlapped=betas.numel())
+            stats.record_schedule(choice.k, choice.prediction, len(path) + 1, spent)
+            if isinstance(rule, TreeCostModel):
+                rule.observe_tree(choice, proposed.parents.tolist(), tree.parents.tolist(), path, spent)
             new = truncate_at_eos(torch.cat([tree.tokens[path].to(lm.device), next_token]), eos)
             sequence = torch.cat([sequence, new[None]], dim=-1)
             stats.emitted += new.numel()
             if eos.ended(new):
                 break
             drafter.rollback(sequence.shape[-1] - 1)
+    stats.overlap_sum = float(overlap_total)
     return Generation(sequence[0, input_ids.shape[-1] :], stats)

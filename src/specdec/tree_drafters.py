@@ -40,6 +40,7 @@ class ChainTreeDrafter:
         self.drafter = drafter
         self.k = k
         self.vocab_size = drafter.vocab_size
+        self.draft_cost = getattr(drafter, "draft_cost", None)  # k="auto" prices it as the chain drafter
 
     def start(self, prompt: torch.Tensor) -> None:
         self.drafter.start(prompt)
@@ -60,6 +61,7 @@ class NGramTreeDrafter:
     nodes and depth `depth`. Longer n-grams and later occurrences come first among siblings."""
 
     vocab_size = None
+    draft_cost = "per_call"  # k="auto": a lookup costs about the same whatever the depth
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4, depth: int = 8, nodes: int = 16):
         if not 1 <= min_ngram <= max_ngram:
@@ -119,6 +121,8 @@ class ModelTreeDrafter:
     needed costs one draft forward of its path. The draft cache holds the sequence plus the branch fed
     last; the next round crops it to the part that still agrees with the sequence and feeds the rest.
     """
+
+    draft_cost = "per_token"  # k="auto": drafting time grows with the depth (one forward per expanded node)
 
     def __init__(
         self,
@@ -238,6 +242,8 @@ class ModelTreeDrafter:
 class HybridTreeDrafter:
     """An n-gram trie and a model tree under one root: the n-gram's deterministic children first, then the
     model's; each keeps its own node budget."""
+
+    draft_cost = "per_token"  # k="auto": the model branch dominates drafting time
 
     def __init__(self, ngram: NGramTreeDrafter, model: ModelTreeDrafter):
         self.ngram, self.model = ngram, model
