@@ -450,7 +450,7 @@ def tree_rule(
     if k is None:
         return None
     if isinstance(k, CostModel) and not isinstance(k, TreeCostModel):
-        raise ValueError("tree_generate needs a TreeCostModel (it prices trees, not chains), got a CostModel")
+        raise TypeError("tree_generate needs a TreeCostModel (it prices trees, not chains), got a CostModel")
     rule = draft_length_rule(k, k_max, drafter)
     if isinstance(rule, CostModel) and not isinstance(rule, TreeCostModel):  # k="auto"
         rule = TreeCostModel(k_max, rule.draft_cost)
