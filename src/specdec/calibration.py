@@ -129,6 +129,8 @@ def measure_timings(
 
 def alpha_from_tokens_per_pass(tokens_per_pass: float, k: int) -> float:
     """The alpha for which Eq. 1, (1 - alpha^(k+1)) / (1 - alpha), equals tokens_per_pass (bisection)."""
+    if tokens_per_pass >= k + 1 or tokens_per_pass <= 1:  # every draft accepted / none
+        return 1.0 if tokens_per_pass >= k + 1 else 0.0
     low, high = 0.0, 1.0
     for _ in range(50):
         mid = (low + high) / 2

@@ -1,0 +1,147 @@
+"""Draft calibration: the choice follows the predicted speedup of injected timings; slow drafts are named."""
+
+import math
+
+import pytest
+import torch
+
+from experiments.pair import calibration_markdown, candidate_names
+from experiments.settings import ConfigError, validate
+from specdec.calibration import (
+    Timings,
+    alpha_from_tokens_per_pass,
+    calibrate,
+    check_candidates,
+    load_candidate,
+    predicted_speedup,
+)
+from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.metrics import expected_tokens_per_pass, walltime_improvement
+from specdec.models import bfloat16_copy
+from specdec.tiny import tiny_model
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]])
+
+
+class Unprobed:
+    """A draft model candidate that fails the test if anything asks it for a draft."""
+
+    draft_cost = "per_token"
+    vocab_size = None
+
+    def start(self, prompt):
+        raise AssertionError("this candidate cannot win and must not be probed")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=0, scale=20.0, vocab_size=32)
+
+
+def timings(step: float = 100.0, **draft_ms: float) -> Timings:
+    """A target whose pass over w tokens costs step * (1 + 0.1 (w - 1)) ms; draft units as given."""
+    return Timings({w: step * (1 + 0.1 * (w - 1)) for w in (1, 3, 5, 9)}, dict(draft_ms))
+
+
+def test_thm_3_8_is_the_special_case_with_unit_pass_cost():
+    for alpha, c, k in [(0.8, 0.05, 4), (0.6, 0.3, 2), (0.9, 1.5, 7)]:
+        assert predicted_speedup(alpha, c, k, 1.0) == pytest.approx(walltime_improvement(alpha, c, k))
+    assert predicted_speedup(0.8, 0.2, 4, 1.0, "per_call") == pytest.approx(
+        expected_tokens_per_pass(0.8, 4) / 1.2
+    )
+
+
+def test_alpha_inverts_eq_1():
+    for alpha, k in [(0.1, 1), (0.5, 4), (0.93, 8)]:
+        assert alpha_from_tokens_per_pass(expected_tokens_per_pass(alpha, k), k) == pytest.approx(alpha, abs=1e-9)
+    assert alpha_from_tokens_per_pass(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+    assert alpha_from_tokens_per_pass(5.0, 4) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_pass_cost_is_interpolated_and_never_below_one_step():
+    t = timings()
+    assert t.pass_cost(5) == pytest.approx(1.4)
+    assert t.pass_cost(7) == pytest.approx(1.6)  # between measured widths 5 and 9
+    noisy = Timings({1: 100.0, 3: 90.0, 5: 95.0, 9: 120.0}, {})
+    assert noisy.pass_cost(3) == 1.0
+
+
+def test_calibration_picks_the_best_predicted_speedup(target):
+    drafters = {"nf4": NGramDrafter(), "bfloat16": NGramDrafter(), "dynamic_int8": NGramDrafter()}
+    for d in drafters.values():
+        d.draft_cost = "per_token"  # instance attribute: priced like a draft model
+    t = timings(nf4=30.0, bfloat16=60.0, dynamic_int8=20.0)
+    alphas = {"nf4": 0.8, "bfloat16": 0.95, "dynamic_int8": 0.6}
+    cal = calibrate(target, drafters, PROMPT, k=4, timings=t, alphas=alphas)
+    expected = {n: predicted_speedup(alphas[n], t.draft_ms[n] / 100, 4, t.pass_cost(5)) for n in alphas}
+    assert cal.chosen == max(expected, key=expected.get) == "nf4"
+    assert [r.name for r in cal.results] == sorted(expected, key=lambda n: -expected[n])
+    for r in cal.results:
+        assert r.speedup == pytest.approx(expected[r.name])
+        assert r.c == pytest.approx(t.draft_ms[r.name] / 100)
+        assert r.best_speedup >= r.speedup
+    assert cal.reason.startswith("nf4: predicted")
+    assert "cannot gain" not in cal.reason  # every c is below 1
+    # cheaper drafting (smaller c) flips the choice
+    faster = timings(nf4=30.0, bfloat16=60.0, dynamic_int8=2.0)
+    assert calibrate(target, drafters, PROMPT, k=4, timings=faster, alphas=alphas).chosen == "dynamic_int8"
+
+
+def test_non_fused_nf4_slower_than_the_target_is_not_chosen(target):
+    """Without AVX512-BF16 (or with specdec.models.force_unfused_4bit) the nf4 copy costs more than a target
+    step: even with the best alpha it loses to a cheaper draft, and the summary says it cannot gain."""
+    drafters = {"nf4": Unprobed(), "bfloat16": ModelDrafter(bfloat16_copy(target)), "ngram": NGramDrafter()}
+    t = timings(nf4=250.0, bfloat16=50.0, ngram=0.2)
+    cal = calibrate(target, drafters, PROMPT, k=4, timings=t)  # alphas measured (tiny model), nf4 skipped
+    nf4 = next(r for r in cal.results if r.name == "nf4")
+    assert cal.chosen != "nf4"
+    assert nf4.c == pytest.approx(2.5) and nf4.slower_than_target and math.isnan(nf4.alpha)
+    assert nf4.speedup < 1.0  # an upper bound (alpha = 1) and still a slowdown
+    assert "Slower than the target (c > 1): nf4; speculative decoding cannot gain with that draft" in cal.reason
+    assert "Not probed" in cal.reason
+    assert all(0.0 <= r.alpha <= 1.0 for r in cal.results if r.name != "nf4")
+    table = calibration_markdown(cal)
+    assert "| nf4 | 250.0 | 2.50 | - |" in table and "Chosen draft: " in table
+
+
+def test_every_candidate_slower_than_the_target_is_reported(target):
+    drafters = {"int8": Unprobed(), "nf4": Unprobed()}
+    cal = calibrate(target, drafters, PROMPT, k=2, timings=timings(int8=150.0, nf4=300.0), alphas={"int8": 0.9,
+                    "nf4": 0.7})  # fmt: skip
+    assert cal.chosen == "int8"
+    assert "No candidate is predicted to beat the target alone" in cal.reason
+    assert "Slower than the target (c > 1): int8, nf4; speculative decoding cannot gain with those drafts" in cal.reason
+
+
+def test_k_none_uses_each_candidates_best_k(target):
+    drafters = {"ngram": NGramDrafter()}
+    cal = calibrate(target, drafters, PROMPT, k=None, k_max=8, timings=timings(ngram=1.0), alphas={"ngram": 0.9})
+    r = cal.choice
+    assert r.k == r.best_k and r.speedup == r.best_speedup
+    assert all(
+        predicted_speedup(0.9, 0.01, j, timings().pass_cost(j + 1), "per_call") <= r.speedup + 1e-12
+        for j in range(1, 9)
+    )
+
+
+@pytest.mark.parametrize("names", [[], ["nf4", "nf4"], ["nf4", "fp8"], ["int4"]])
+def test_bad_candidate_names_are_refused(names):
+    with pytest.raises(ValueError, match="draft candidates must be distinct names from"):
+        check_candidates(names)
+
+
+def test_bad_candidate_name_fails_in_the_config_before_loading(make_cfg, target):
+    cfg = make_cfg("model.draft.candidates=[nf4,fp8]")
+    validate(cfg)  # the schema leaves the list's elements to the pair loader
+    with pytest.raises(ConfigError, match=r"model.draft.candidates: .*unknown: \['fp8'\]"):
+        candidate_names(cfg)
+    assert candidate_names(make_cfg()) == ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
+    with pytest.raises(ValueError, match="draft candidates"):
+        load_candidate("float8", target, "unused")
+
+
+def test_default_pair_is_calibrated(make_cfg):
+    cfg = make_cfg()
+    assert cfg.model.name == "smollm2" and cfg.model.draft.kind == "calibrated"
+    with pytest.raises(ConfigError, match="needs model.draft.candidates"):
+        validate(make_cfg("model.draft.candidates=null"))
