@@ -17,7 +17,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.calibration import Calibration, calibrate, check_candidates, load_candidate
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter
-from specdec.models import check_tokenizers, encode_prompt, layer_truncated_copy, load_model, load_tokenizer
+from specdec.models import (
+    check_tokenizers,
+    encode_prompt,
+    force_unfused_4bit,
+    layer_truncated_copy,
+    load_model,
+    load_tokenizer,
+)
 
 from .records import cell, markdown_table, write_json
 from .schema import AUTO, DraftKind
@@ -124,7 +131,10 @@ def truncated_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrain
 
 
 def quantized_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
-    return load(cfg.model.target.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg)), tokenizer
+    model = load(cfg.model.target.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg))
+    if not cfg.model.draft.fused_4bit and draft_quantization(cfg) in ("nf4", "fp4"):
+        force_unfused_4bit(model)  # stands in for a CPU without AVX512-BF16
+    return model, tokenizer
 
 
 def second_model(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
@@ -157,7 +167,7 @@ def calibrated_pair(
 ) -> Pair:
     """Load every candidate, calibrate, keep the chosen drafter (and a draft model for the naive method)."""
     spec = cfg.model.draft
-    ngram = {"max_ngram": spec.max_ngram, "min_ngram": spec.min_ngram}
+    ngram = {"max_ngram": spec.max_ngram, "min_ngram": spec.min_ngram, "fused_4bit": spec.fused_4bit}
     names = candidate_names(cfg)
     loaded = {name: load_candidate(name, target, cfg.model.target.name, **ngram) for name in names}
     result = calibrate(

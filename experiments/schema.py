@@ -105,6 +105,7 @@ class DraftConfig:
     min_ngram: Any = integer(1, default=None, optional=True)
     max_ngram: Any = integer("min_ngram", default=None, optional=True)
     candidates: Any = None  # calibrated: names from specdec.calibration.CANDIDATES, checked by experiments.pair
+    fused_4bit: bool = True  # false: bitsandbytes 4-bit drafts take the non-fused CPU path (force_unfused_4bit)
 
 
 DRAFT_NEEDS: dict[DraftKind, tuple[str, ...]] = {

@@ -145,3 +145,16 @@ def test_default_pair_is_calibrated(make_cfg):
     assert cfg.model.name == "smollm2" and cfg.model.draft.kind == "calibrated"
     with pytest.raises(ConfigError, match="needs model.draft.candidates"):
         validate(make_cfg("model.draft.candidates=null"))
+
+
+def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path):
+    """model.draft.fused_4bit=false: the nf4 candidate never uses bitsandbytes' fused CPU kernel."""
+    pytest.importorskip("bitsandbytes")
+    from bitsandbytes.nn import Linear4bit
+
+    tiny = tiny_model("llama", seed=0, scale=20.0, vocab_size=32, hidden_size=64, intermediate_size=128)
+    tiny.save_pretrained(tmp_path)
+    drafter, model = load_candidate("nf4", tiny, str(tmp_path), fused_4bit=False)
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    assert layers and not any(m.support_avx512bf16_for_cpu for m in layers)
+    assert drafter.model is model

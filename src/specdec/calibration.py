@@ -36,7 +36,7 @@ from .cached import logits_width
 from .cost import CostModel
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import expected_tokens_per_pass
-from .models import bfloat16_copy, dynamic_int8_copy, load_model
+from .models import bfloat16_copy, dynamic_int8_copy, force_unfused_4bit, load_model
 from .sampling import GREEDY, Sampling
 from .speculative import speculative_generate
 from .timing import forward_ms, stopwatch
@@ -59,9 +59,19 @@ def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def load_candidate(
-    name: str, target: PreTrainedModel, target_name: str, *, max_ngram: int = 3, min_ngram: int = 1
+    name: str,
+    target: PreTrainedModel,
+    target_name: str,
+    *,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+    fused_4bit: bool = True,
 ) -> tuple[Drafter, PreTrainedModel | None]:
-    """The drafter a candidate name stands for, and its draft model (None for the n-gram lookup)."""
+    """The drafter a candidate name stands for, and its draft model (None for the n-gram lookup).
+
+    fused_4bit=False: the nf4 copy takes bitsandbytes' non-fused CPU path even where the fused kernel
+    exists (specdec.models.force_unfused_4bit), standing in for a CPU without AVX512-BF16.
+    """
     check_candidates([name])
     if name == "ngram":
         return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram), None
@@ -71,6 +81,8 @@ def load_candidate(
         model = dynamic_int8_copy(target)
     else:
         model = load_model(target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16")
+        if name == "nf4" and not fused_4bit:
+            force_unfused_4bit(model)
     return ModelDrafter(model), model
 
 
