@@ -3,7 +3,8 @@
 The rule sees only earlier rounds (their times, the children tried and the last proposal's shape), and the
 drafter's tree is cut by depth, then drafter order (prune_tree), so the output keeps the target's
 distribution (chi-square against exact enumeration) and equals the target's greedy output on every tiny
-architecture. Timings come from injected clocks (random increments from their own seed), so the chosen
+architecture. The same chi-square test rejects a cut that keeps the draft's likeliest sibling instead of
+the first one (it looks at the drawn tokens). Timings come from injected clocks (random increments from their own seed), so the chosen
 shapes vary from round to round and every test is deterministic.
 """
 
@@ -11,7 +12,7 @@ import random
 
 import pytest
 import torch
-from goodness_of_fit import PASS, chi_square_pvalue, sample_counts
+from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
 from specdec import (
     GREEDY,
@@ -24,7 +25,7 @@ from specdec import (
     autoregressive_generate,
     tree_generate,
 )
-from specdec.cost import TreeCostModel, breadth_first, tree_depths, walk_trials
+from specdec.cost import TreeChoice, TreeCostModel, breadth_first, tree_depths, walk_trials
 from specdec.exact import sequence_distribution
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.tree import prune_tree
@@ -394,3 +395,43 @@ def test_bad_k_values_for_trees():
         tree_generate(target, ngram, PROMPT, k=CostModel(draft_cost="per_call"))
     with pytest.raises(ValueError, match="CostModel\\(draft_cost='per_call'\\)"):
         tree_generate(target, ngram, PROMPT, k=TreeCostModel(draft_cost="per_token"))
+
+
+# ---------------------------------------------------------------- power: a cut that looks at the tokens
+
+
+class OneChildRule(TreeCostModel):
+    """Every round: depth 1, one node (the cut keeps one of the root's i.i.d. children)."""
+
+    def choose_tree(self, limit, max_nodes):
+        return TreeChoice(min(1, limit), 1)
+
+
+def likeliest_child(tree, depth, nodes):
+    """A wrong cut: keep the root child the draft finds most likely, which looks at the drawn tokens."""
+    roots = (tree.parents == -1).nonzero().flatten()
+    if roots.numel() == 0:  # a plain step
+        return tree
+    best = roots[tree.q[roots, tree.tokens[roots]].argmax()]
+    return TreeDraft(tree.tokens[best][None], torch.tensor([-1]), tree.q[best][None], tree.modes[best][None])
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["first-child", "likeliest-child"])
+def test_chi_square_rejects_a_cut_that_looks_at_the_tokens(small_vocab_pair, monkeypatch, wrong):
+    """Keeping the first of three i.i.d. children is exact; keeping the likeliest one is not (it is no
+    longer a draw from q), and the same chi-square test rejects it."""
+    import specdec.tree as tree_module
+
+    if wrong:
+        monkeypatch.setattr(tree_module, "prune_tree", likeliest_child)
+    target, draft = small_vocab_pair
+    sampling = Sampling(1.0)
+    drafter = ModelTreeDrafter(draft, branches=(3,), depth=1, nodes=3, children="iid")
+
+    def generate(g):
+        return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+                             k=OneChildRule(k_max=1)).tokens
+
+    pvalue = chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=9),
+                               sequence_distribution(target, REPEATING, N_TOKENS, sampling))
+    assert pvalue < REJECT if wrong else pvalue > PASS
