@@ -14,11 +14,14 @@ from omegaconf import OmegaConf
 
 from experiments.pair import offline_pairs, pair_key, warn_if_gated
 from experiments.prompts import load_prompts
+from experiments.run import tree_drafter
 from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
+from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from specdec.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("model", "quantization", "dataset", "logger", "experiment")
+GROUPS = ("model", "quantization", "dataset", "logger", "tree", "experiment")
 
 
 def options(group: str) -> list[str]:
@@ -127,6 +130,21 @@ BAD = [
     (["logger.mode=sometimes"], "choices: offline, online"),
     (["dataset.n_prompts=0"], "dataset.n_prompts"),
     (["dataset.source=ftp"], "choices: json, hub"),
+    (["tree.kind=forest"], "choices: none, ngram, model, hybrid"),
+    (["tree=model", "model=smollm2_ngram"], "tree=model drafts with a draft model.*use tree=ngram"),
+    (["tree=hybrid", "model=smollm2_ngram"], "tree=hybrid drafts with a draft model"),
+    (["tree=ngram", "k=auto"], "k=auto chooses the length of a chain"),
+    (["model=smollm2_ngram_auto", "tree=ngram"], "k=auto chooses the length of a chain"),
+    (["tree=ngram", "tree.nodes=65"], "up to 65 nodes per pass but tree.max_nodes=64"),
+    (["tree=hybrid", "tree.nodes=40"], "up to 80 nodes per pass"),
+    (["tree=ngram", "tree.depth=null"], "tree.kind=ngram needs tree.depth"),
+    (["tree=model", "tree.children=null"], "tree.kind=model needs tree.children"),
+    (["tree=ngram", "tree.matches=0"], "tree.matches must be an integer >= 1"),
+    (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "tree.max_ngram must be >= tree.min_ngram"),
+    (["tree=model", "tree.children=random"], "choices: top, iid, distinct"),
+    (["tree=model", "tree.branches=[]"], "tree.branches must be a non-empty list"),
+    (["tree=model", "tree.branches=2"], "tree.branches must be a non-empty list"),
+    (["tree=hybrid", "tree.branches=[2,0]"], r"tree.branches\[1\] must be an integer >= 1"),
 ]
 
 
@@ -140,6 +158,52 @@ def test_k_auto_is_accepted(make_cfg) -> None:
     cfg = make_cfg("k=auto", "k_max=6")
     validate(cfg)
     assert (cfg.k, cfg.k_max) == ("auto", 6)
+
+
+def test_auto_and_tree_pairs(make_cfg) -> None:
+    """The offline pairs for k=auto and trees extend smollm2_ngram; the command line still overrides them."""
+    base = make_cfg("model=smollm2_ngram")
+    auto = make_cfg("model=smollm2_ngram_auto")
+    assert (auto.k, auto.k_max, auto.tree.kind) == ("auto", 8, "none")
+    assert auto.model.draft == base.model.draft and auto.model.target == base.model.target
+    assert make_cfg("model=smollm2_ngram_auto", "k=3").k == 3
+    tree = make_cfg("model=smollm2_ngram_tree")
+    assert (tree.tree.kind, tree.k) == ("ngram", 4)
+    assert tree.model.draft == base.model.draft
+    assert make_cfg("model=smollm2_ngram_tree", "tree=none").tree.kind == "none"
+    assert make_cfg().tree.kind == "none" and make_cfg().k == 4  # the default stays a chain of 4
+    for cfg in (auto, tree):
+        validate(cfg)
+        assert methods_of(cfg) == ["autoregressive", "speculative"]
+        assert pair_key(cfg) == pair_key(base)  # same weights: a sweep over them loads the pair once
+
+
+@pytest.mark.parametrize("option", options("tree"))
+def test_tree_options_validate_with_a_draft_model(option: str, make_cfg) -> None:
+    cfg = make_cfg(f"tree={option}", "model=smollm2_weak")
+    validate(cfg)
+    assert cfg.tree.kind == option
+
+
+class FakePair:
+    """What run.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair)."""
+
+    def __init__(self, draft_model):
+        self.draft_model = draft_model
+
+
+def test_tree_drafters_are_built_from_the_config(make_cfg) -> None:
+    draft = FakePair(tiny_model("llama", seed=1))
+    ngram = tree_drafter(make_cfg("tree=ngram", "tree.matches=3").tree, FakePair(None))
+    assert isinstance(ngram, NGramTreeDrafter)
+    assert (ngram.matches, ngram.depth, ngram.nodes, ngram.max_ngram) == (3, 8, 8, 3)
+    model = tree_drafter(make_cfg("tree=model", "tree.branches=[3,2]", "tree.children=distinct").tree, draft)
+    assert isinstance(model, ModelTreeDrafter)
+    assert (model.branches, model.depth, model.nodes) == ((3, 2), 4, 8)
+    hybrid = tree_drafter(make_cfg("tree=hybrid").tree, draft)
+    assert isinstance(hybrid, HybridTreeDrafter) and hybrid.ngram.nodes == hybrid.model.nodes == 6
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        tree_drafter(make_cfg("tree=model").tree, FakePair(None))
 
 
 def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:
@@ -242,4 +306,7 @@ def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog, make_
     warn_if_gated(make_cfg("model=gemma2").model.target)
     assert "hf auth login" in caplog.text
     assert "smollm2" in caplog.text  # names the offline pairs
-    assert offline_pairs() == ["smollm2", "smollm2_int8", "smollm2_ngram", "smollm2_weak"]
+    pairs = offline_pairs()
+    for pair in ("smollm2", "smollm2_int8", "smollm2_ngram", "smollm2_weak", "smollm2_ngram_auto", "smollm2_ngram_tree"):
+        assert pair in pairs
+    assert not {"gemma2", "llama3", "qwen25"} & set(pairs)
