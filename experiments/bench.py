@@ -6,12 +6,14 @@ max_new_tokens and seeds for all):
   ar               our target-only loop                 hf_plain             HF generate
   spec_model       our chain, model draft, fixed k      hf_assisted          HF assisted generation, same draft, k
   spec_model_auto  the same, k="auto" (k_max)           hf_assisted_default  the same at HF's defaults (dynamic)
-  spec_model_wide  the same, k = tree nodes
+  spec_model_wide  the same, k = tree nodes (when --nodes differs from --k)
   tree_model       our tree, top-b model branches
+  tree_model_auto  the same, k="auto": depth and nodes per round
   spec_ngram       our chain, n-gram drafter, fixed k   hf_lookup            HF prompt lookup, same k
   spec_ngram_auto  the same, k="auto"                   hf_lookup_k2, _k8    HF prompt lookup, other fixed k
   spec_ngram_wide  the same, k = tree nodes             hf_lookup_default    HF prompt lookup at its defaults
   tree_ngram       our tree, an n-gram trie
+  tree_ngram_auto  the same, k="auto"
   tree_hybrid      n-gram trie and model tree under one root
 Every repetition runs every prompt through every contender, in an order rotated per repetition,
 so machine drift hits all contenders alike; one warm-up pass is excluded. Ratios are per category
@@ -48,24 +50,22 @@ from .prompts import Prompt
 from .records import machine, peak_rss_mb, reset_peak_rss, write_result
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-DEFAULT_CONTENDERS = (
+DEFAULT_CONTENDERS = (  # what issue 9's ratios need; hf_plain, tree_hybrid and the *_wide chains on request
     "ar",
-    "hf_plain",
     "spec_model",
     "spec_model_auto",
-    "spec_model_wide",
     "tree_model",
+    "tree_model_auto",
     "hf_assisted",
     "hf_assisted_default",
     "spec_ngram",
     "spec_ngram_auto",
-    "spec_ngram_wide",
     "tree_ngram",
+    "tree_ngram_auto",
     "hf_lookup",
     "hf_lookup_k2",
     "hf_lookup_k8",
     "hf_lookup_default",
-    "tree_hybrid",
 )
 DEFAULT_CATEGORIES = "all"
 
@@ -103,6 +103,7 @@ def run_bench(
             "k": setting.k,
             "k_max": setting.k_max,
             "nodes": setting.nodes,
+            "auto_nodes": setting.auto_nodes,
             "branches": list(setting.branches),
             "temperature": s.temperature,
             "top_k": s.top_k,
@@ -194,6 +195,8 @@ def memory_of(contender: str, args: argparse.Namespace) -> dict:
         str(args.k_max),
         "--nodes",
         str(args.nodes),
+        "--auto-nodes",
+        str(args.auto_nodes),
         "--temperature",
         str(args.temperature),
         "--max-new-tokens",
@@ -228,8 +231,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--k-max", type=int, default=8, help='longest draft k="auto" may choose')
     ap.add_argument(
-        "--nodes", type=int, default=7, help="tree node budget; *_wide chains use k = nodes (same pass width)"
+        "--nodes", type=int, default=4, help="tree node budget: a pass of nodes + 1 tokens, as a chain of k = nodes"
     )
+    ap.add_argument("--auto-nodes", type=int, default=16, help='node limit of the k="auto" trees')
     ap.add_argument("--max-width", type=int, default=17, help="pass cost measured for widths 1..max-width")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs are checked equal)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -279,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         min_ngram=ngram_cfg.model.draft.min_ngram,
         k_max=args.k_max,
         nodes=args.nodes,
+        auto_nodes=args.auto_nodes,
     )
     if args.memory_of:
         print(
@@ -317,7 +322,12 @@ def main(argv: list[str] | None = None) -> dict:
         max_width=args.max_width,
         log=lambda s: print(s, flush=True),
     )
-    result["settings"].update(model=args.model, ngram=args.ngram, dataset=args.dataset)
+    result["settings"].update(
+        model=args.model, ngram=args.ngram, dataset=args.dataset, draft=pair.draft_quantization if needs_draft else None
+    )
+    if needs_draft and pair.calibration is not None:  # model.draft.kind=calibrated: what it measured and chose
+        cal = pair.calibration
+        result["calibration"] = {"chosen": cal.chosen, "reason": cal.reason, "candidates": cal.rows()}
     if not args.no_memory:
         result["memory"] = {name: memory_of(name, args) for name in result["contenders"]}
     result.update(machine=machine(), command=command)

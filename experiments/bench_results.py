@@ -260,13 +260,14 @@ def annotate_goals(goals: dict, best: dict, k: int) -> None:
 def chain_vs_tree(result: dict) -> dict:
     """Tokens per target pass (and tokens/s, and measured seconds per pass) of a chain and a tree of the same
     pass width, per drafter."""
-    c, width = result["contenders"], result["settings"].get("nodes", 0) + 1
+    c, settings = result["contenders"], result["settings"]
     out = {}
-    for drafter, pair in EQUAL_WIDTH.items():
-        if not all(name in c and "stats" in c[name] for name in pair):
+    for drafter, (wide, fixed, tree) in EQUAL_WIDTH.items():
+        chain = wide if wide in c else fixed if settings["k"] == settings.get("nodes") else None
+        if not (chain in c and tree in c and "stats" in c[chain] and "stats" in c[tree]):
             continue
-        entry = {"pass_width": width}
-        for shape, name in zip(("chain", "tree"), pair):
+        entry = {"pass_width": settings["nodes"] + 1}
+        for shape, name in (("chain", chain), ("tree", tree)):
             st = c[name]["stats"]
             entry[shape] = {
                 "contender": name,
@@ -308,6 +309,10 @@ def bench_table(result: dict) -> str:
         f"max_new_tokens={s['max_new_tokens']}, repetitions={s['repetitions']}, prompts={len(s['prompts'])}"
     )
     lines = [head]
+    if s.get("model"):
+        lines += ["", f"Pairs: --model {s['model']} (draft: {s.get('draft')}), --ngram {s.get('ngram')}."]
+    if "calibration" in result:
+        lines += ["", f"Draft calibration chose {result['calibration']['chosen']}: {result['calibration']['reason']}"]
     if "machine" in result:
         lines += ["", machine_sentence(result["machine"])]
     goals = result.get("goals", {})

@@ -58,8 +58,9 @@ class Setting:
     max_ngram: int = 3  # our n-gram drafter: longest and shortest suffix matched
     min_ngram: int = 1
     k_max: int = 8  # k="auto": longest draft the cost model may choose
-    nodes: int = 7  # tree node budget; a tree pass is nodes + 1 tokens wide, as a chain of k = nodes
+    nodes: int = 4  # tree node budget; a tree pass is nodes + 1 tokens wide, as a chain of k = nodes
     branches: tuple[int, ...] = (2,)  # model trees: children per node at the first depths (top-b)
+    auto_nodes: int = 16  # k="auto" trees: the drafter's tree and the pass limit (the cost model cuts it)
 
 
 @dataclass
@@ -122,11 +123,17 @@ def speculative(
     return generate
 
 
-def tree(drafter_of: Callable[[Setting], TreeDrafter]) -> Callable[[Setting, torch.Tensor, int, int], Output]:
-    """Our token-tree loop with the tree drafter drafter_of(setting): one target pass per tree."""
+def tree(
+    drafter_of: Callable[[Setting], TreeDrafter], auto: bool = False
+) -> Callable[[Setting, torch.Tensor, int, int], Output]:
+    """Our token-tree loop with the tree drafter drafter_of(setting): one target pass per tree; with auto,
+    k="auto": each round the cost model picks a depth <= k_max and cuts the tree to <= auto_nodes nodes."""
 
     def generate(s: Setting, ids: torch.Tensor, n: int, seed: int) -> Output:
-        return ours(s, seed, lambda **kw: tree_generate(s.target, drafter_of(s), ids, max_new_tokens=n, **kw))
+        shape = {"k": "auto", "k_max": s.k_max, "max_nodes": s.auto_nodes} if auto else {}
+        return ours(
+            s, seed, lambda **kw: tree_generate(s.target, drafter_of(s), ids, max_new_tokens=n, **shape, **kw)
+        )
 
     return generate
 
@@ -148,6 +155,14 @@ def model_tree(s: Setting) -> ModelTreeDrafter:
     """Top-b children at the first depths, then the most likely branch as a chain, s.nodes nodes in all."""
     depth = max(1, s.nodes - sum(s.branches) + len(s.branches))  # the chain fills the rest of the budget
     return ModelTreeDrafter(s.draft, branches=s.branches, depth=depth, nodes=s.nodes, children="top")
+
+
+def ngram_tree_auto(s: Setting) -> NGramTreeDrafter:
+    return NGramTreeDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram, depth=s.k_max, nodes=s.auto_nodes)
+
+
+def model_tree_auto(s: Setting) -> ModelTreeDrafter:
+    return ModelTreeDrafter(s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top")
 
 
 def hybrid_tree(s: Setting) -> HybridTreeDrafter:
@@ -216,6 +231,7 @@ CONTENDERS: dict[str, Contender] = {
     "spec_model_auto": Contender(speculative(model_draft, k=lambda s: "auto"), "ours", "model"),
     "spec_model_wide": Contender(speculative(model_draft, k=lambda s: s.nodes), "ours", "model"),
     "tree_model": Contender(tree(model_tree), "ours", "model"),
+    "tree_model_auto": Contender(tree(model_tree_auto, auto=True), "ours", "model"),
     "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), "hf", "model"),
     "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), "hf", "model"),
     # n-gram lookup: the same four shapes, and Hugging Face prompt lookup at its defaults and fixed k
@@ -223,6 +239,7 @@ CONTENDERS: dict[str, Contender] = {
     "spec_ngram_auto": Contender(speculative(ngram_draft, k=lambda s: "auto"), "ours", "ngram"),
     "spec_ngram_wide": Contender(speculative(ngram_draft, k=lambda s: s.nodes), "ours", "ngram"),
     "tree_ngram": Contender(tree(ngram_tree), "ours", "ngram"),
+    "tree_ngram_auto": Contender(tree(ngram_tree_auto, auto=True), "ours", "ngram"),
     "hf_lookup": Contender(hf(prompt_lookup_num_tokens=lambda s: s.k), "hf", "ngram"),
     "hf_lookup_default": Contender(hf(prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS), "hf", "ngram"),
     **{
@@ -232,8 +249,12 @@ CONTENDERS: dict[str, Contender] = {
     # both under one root
     "tree_hybrid": Contender(tree(hybrid_tree), "ours", "hybrid"),
 }
-# chain vs tree at the same pass width (nodes + 1 tokens), per drafter: (chain, tree)
-EQUAL_WIDTH = {"ngram": ("spec_ngram_wide", "tree_ngram"), "model": ("spec_model_wide", "tree_model")}
+# chain vs tree at the same pass width (nodes + 1 tokens), per drafter: (chain with k = nodes, chain with the
+# setting's k, which has that width when k = nodes, tree)
+EQUAL_WIDTH = {
+    "ngram": ("spec_ngram_wide", "spec_ngram", "tree_ngram"),
+    "model": ("spec_model_wide", "spec_model", "tree_model"),
+}
 
 
 def bind(name: str, setting: Setting) -> Callable[[torch.Tensor, int, int], Output]:

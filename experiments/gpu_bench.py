@@ -4,9 +4,12 @@ Target: Llama-3-8B-shaped, draft: Llama-3.2-1B-shaped, both bf16 with random wei
 meaningless text but real costs: it measures
   1. c = draft step / target step (one cached token, the Thm 3.8 cost ratio),
   2. the target's verification cost as k grows (one pass over k+1 tokens),
-  3. the loops at greedy: target-only (ours, HF plain) and speculative with the draft equal to the target
+  3. the target's pass cost vs width (1..17 tokens, then 24, 32, 48, 64): what a tree of n nodes costs;
+  4. the loops at greedy: target-only (ours, HF plain) and speculative with the draft equal to the target
      (alpha = 1 up to bf16 rounding, so all remaining cost is per-step overhead) and with the 1B draft,
-     ours against HF assisted generation at the same fixed k.
+     ours at fixed k, at k="auto" and as a top-b token tree (fixed and k="auto") against HF assisted generation at the same
+     fixed k and at its defaults; prompt lookup (chain at k="auto", n-gram trie) needs no draft.
+     Tokens per target pass and, for k="auto", the cost model's predicted vs measured rate.
 Without CUDA it says so and exits 0.
 
     python -m experiments.gpu_bench --out bench_out/gpu       # about 3 minutes on an H200
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -77,13 +81,27 @@ LOOPS = {  # loop -> (contender, draft: "self" = the target drafts for itself, "
     "spec_self": ("spec_model", "self"),
     "hf_assisted_self": ("hf_assisted", "self"),
     "spec_1b": ("spec_model", "small"),
+    "spec_auto_1b": ("spec_model_auto", "small"),
+    "tree_1b": ("tree_model", "small"),
+    "tree_auto_1b": ("tree_model_auto", "small"),
     "hf_assisted_1b": ("hf_assisted", "small"),
+    "hf_assisted_default_1b": ("hf_assisted_default", "small"),
+    "spec_ngram_auto": ("spec_ngram_auto", None),
+    "tree_ngram": ("tree_ngram", None),
+    "tree_ngram_auto": ("tree_ngram_auto", None),
+    "hf_lookup_default": ("hf_lookup_default", None),
 }
 RATIOS = {
     "ar/hf_plain": ("ar", "hf_plain"),
     "spec_self/hf_assisted_self": ("spec_self", "hf_assisted_self"),
     "spec_1b/hf_assisted_1b": ("spec_1b", "hf_assisted_1b"),
+    "spec_auto_1b/hf_assisted_default_1b": ("spec_auto_1b", "hf_assisted_default_1b"),
+    "tree_1b/hf_assisted_default_1b": ("tree_1b", "hf_assisted_default_1b"),
+    "tree_auto_1b/hf_assisted_default_1b": ("tree_auto_1b", "hf_assisted_default_1b"),
+    "spec_ngram_auto/hf_lookup_default": ("spec_ngram_auto", "hf_lookup_default"),
+    "tree_ngram/hf_lookup_default": ("tree_ngram", "hf_lookup_default"),
 }
+PASS_WIDTHS = (*range(1, 18), 24, 32, 48, 64)
 
 
 def random_llama(shape: str, device: str) -> PreTrainedModel:
@@ -93,28 +111,53 @@ def random_llama(shape: str, device: str) -> PreTrainedModel:
     )
 
 
-def loops(target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int) -> dict:
+def loop_stats(summary: dict | None) -> dict | None:
+    """Tokens per target pass, tree size, the chosen k and the cost model's prediction of one of our runs."""
+    if summary is None:
+        return None
+    rounds = summary["tree_rounds"]
+    return {
+        "tokens_per_pass": summary["mean_accepted_length"],
+        "mean_tree_nodes": summary["tree_nodes_sum"] / rounds if rounds else None,
+        "chosen_k_histogram": summary["chosen_k_histogram"],
+        "predicted_tokens_per_second": summary["predicted_tokens_per_second"],
+        "measured_tokens_per_second": summary["measured_tokens_per_second"],
+    }
+
+
+def loops(
+    target, draft, prompt: torch.Tensor, k: int, new: int, repeats: int, k_max: int = 8, nodes: int = 7
+) -> dict:
     """Tokens/s (median of repeats) of each loop; greedy outputs compared with our target-only (no EOS)."""
     settings = {
-        None: Setting(target, None, k=k),
-        "self": Setting(target, target, k=k),
-        "small": Setting(target, draft, k=k),
+        which: Setting(target, model, k=k, k_max=k_max, nodes=nodes)
+        for which, model in ((None, None), ("self", target), ("small", draft))
     }
     fns = {name: bind(contender, settings[which]) for name, (contender, which) in LOOPS.items()}
     for fn in fns.values():
         fn(prompt, new, 0)  # warm-up
     seconds = {name: [] for name in fns}
-    outputs = {}
+    outputs, stats = {}, {}
     for _, _, name in interleaved(list(fns), [prompt], repeats):
         run = timed(fns[name], prompt, new, 0)
         seconds[name].append(run.seconds)
-        outputs[name] = run.tokens
+        outputs[name], stats[name] = run.tokens, loop_stats(run.stats)
     tps = {name: len(outputs[name]) / statistics.median(s) for name, s in seconds.items()}
     return {
         "tokens_per_second": tps,
         "identical_to_ar": {name: out == outputs["ar"] for name, out in outputs.items()},
         "ours_vs_hf": {key: tps[a] / tps[b] for key, (a, b) in RATIOS.items()},
+        "stats": {name: st for name, st in stats.items() if st is not None},
     }
+
+
+def measured_vs_predicted(st: dict | None) -> list:
+    """[tokens per pass, measured / predicted tokens/s] of one of our loops; None where it does not apply."""
+    if st is None:
+        return [None, None]
+    predicted, measured = st["predicted_tokens_per_second"], st["measured_tokens_per_second"]
+    ratio = None if math.isnan(predicted) else measured / predicted  # NaN: no round was predicted
+    return [st["tokens_per_pass"], ratio]
 
 
 def gpu_table(r: dict) -> str:
@@ -137,9 +180,18 @@ def gpu_table(r: dict) -> str:
                 ),
                 "",
                 markdown_table(
-                    ["loop", "tok/s", "output equals ours target-only"],
-                    [[n, t, str(loop["identical_to_ar"][n])] for n, t in loop["tokens_per_second"].items()],
-                    fmt="{:.1f}",
+                    ["width", "target pass (ms)", "/ one step"],
+                    [[w, ms, ms / r["target_step_ms"]] for w, ms in r["pass_ms_by_width"].items()],
+                    fmt="{:.2f}",
+                ),
+                "",
+                markdown_table(
+                    ["loop", "tok/s", "output equals ours target-only", "tokens per pass", "auto: measured / predicted"],
+                    [
+                        [n, t, str(loop["identical_to_ar"][n]), *measured_vs_predicted(loop["stats"].get(n))]
+                        for n, t in loop["tokens_per_second"].items()
+                    ],
+                    fmt="{:.2f}",
                 ),
                 "",
                 markdown_table(["ours / HF", "ratio"], [[n, v] for n, v in loop["ours_vs_hf"].items()]),
@@ -154,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out", type=Path, default=None, help="output folder (default bench_out/gpu-<timestamp>)"
     )
-    ap.add_argument("--k", type=int, default=4, help="draft tokens per round for the loops")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per round for the fixed-k loops")
+    ap.add_argument("--k-max", type=int, default=8, help='longest draft k="auto" may choose')
+    ap.add_argument("--nodes", type=int, default=7, help="token-tree node budget (pass width nodes + 1)")
     ap.add_argument("--context", type=int, default=512, help="prompt tokens (random ids)")
     ap.add_argument("--new-tokens", type=int, default=128, help="generated tokens per loop run (EOS ignored)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, interleaved")
@@ -186,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(sys.argv),
         "context": args.context,
         "k": args.k,
+        "k_max": args.k_max,
+        "nodes": args.nodes,
         "new_tokens": args.new_tokens,
     }
     r["target_step_ms"] = forward_ms(target, prompt, 1, repeats=20, warmup=3)
@@ -194,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     r["verify_ms_by_k"] = {
         k: forward_ms(target, prompt, k + 1, repeats=20, warmup=3) for k in (1, 2, 4, 8, 16)
     }
+    r["pass_ms_by_width"] = {w: forward_ms(target, prompt, w, repeats=20, warmup=3) for w in PASS_WIDTHS}
     print(json.dumps(r, indent=1), flush=True)
-    r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats)
+    r["loops"] = loops(target, draft, prompt, args.k, args.new_tokens, args.repeats, args.k_max, args.nodes)
     r["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     r["machine"] = env
     write_result(out, "gpu_bench", r, gpu_table(r))
