@@ -435,3 +435,16 @@ def test_chi_square_rejects_a_cut_that_looks_at_the_tokens(small_vocab_pair, mon
     pvalue = chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=9),
                                sequence_distribution(target, REPEATING, N_TOKENS, sampling))
     assert pvalue < REJECT if wrong else pvalue > PASS
+
+
+def test_fixed_depth_and_default_record_the_depth():
+    """k=int caps each round's depth; the default (k=None) records the depth the drafter chose."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    drafter = ModelTreeDrafter(perturbed_copy(target, 0.15), branches=(2,), depth=5)
+    reference = hf_greedy(target, PROMPT, N_NEW)
+    fixed = tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW, k=2)
+    assert torch.equal(fixed.tokens, reference)
+    assert max(fixed.stats.tree_depths) == 2 and fixed.stats.chosen_k == fixed.stats.tree_depths
+    default = tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(default.tokens, reference)
+    assert default.stats.chosen_k == default.stats.tree_depths and max(default.stats.chosen_k) == 5

@@ -361,6 +361,8 @@ def tree_generate(
                 else:
                     proposed = empty_tree(vocab, sequence.device)  # a plain step calls no drafter
                 tree = proposed if choice.nodes is None else prune_tree(proposed, choice.k, choice.nodes)
+            if rule is None:  # the drafter's own tree: record the depth it drafted
+                choice = TreeChoice(max(tree.depths(), default=0))
             with stopwatch(spent, "verify", lm.device, clock):
                 if tree.size:
                     p = verify_tree(lm, sequence, tree, sampling, vocab, max_nodes)  # (n+1, V)
