@@ -34,6 +34,9 @@ Warm-up: the first round is a plain step (measures T_pass(1)); rounds then draft
 pass wider than one token and a draft have been timed. Exploration: the decay also shrinks the
 evidence of positions that are no longer drafted, so after a run of plain steps a_1 drifts back
 towards the prior and drafting is tried again (unless drafting is too expensive for any acceptance).
+
+Token trees (specdec.tree.tree_generate with k="auto"): TreeCostModel chooses a depth and a node budget
+per round with acceptance learned per depth and sibling rank; see its docstring.
 """
 
 from __future__ import annotations
