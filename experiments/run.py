@@ -100,8 +100,14 @@ def chain_k(cfg: DictConfig) -> int | None:
 
 
 def longest_draft(cfg: DictConfig) -> int:
-    """The longest draft a round may verify: the tree's depth, k_max for k=auto, else k."""
-    return cfg.tree.depth if uses_tree(cfg) else cfg.k_max if cfg.k == AUTO else cfg.k
+    """The longest draft a round may verify: k_max for k=auto, else the tree's depth or k."""
+    return cfg.k_max if cfg.k == AUTO else cfg.tree.depth if uses_tree(cfg) else cfg.k
+
+
+def tree_depth_rule(cfg: DictConfig) -> int | str:
+    """tree_generate's k: "auto" (depth <= k_max and node budget <= tree.max_nodes chosen each round by a
+    cost model), else the tree's own depth (an integer k sets chains only)."""
+    return AUTO if cfg.k == AUTO else cfg.tree.depth
 
 
 def generate(
@@ -119,7 +125,8 @@ def generate(
         return autoregressive_generate(pair.target, ids, **common)
     if method == "speculative" and uses_tree(cfg):
         drafter = tree_drafter(cfg.tree, pair)
-        return tree_generate(pair.target, drafter, ids, max_nodes=cfg.tree.max_nodes, **common)
+        k, k_max, max_nodes = tree_depth_rule(cfg), cfg.k_max, cfg.tree.max_nodes
+        return tree_generate(pair.target, drafter, ids, max_nodes=max_nodes, k=k, k_max=k_max, **common)
     if method == "speculative":
         return speculative_generate(pair.target, pair.drafter, ids, k=cfg.k, k_max=cfg.k_max, **common)
     return draft_then_score(
@@ -323,7 +330,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     write_calibration(run_dir, pair)  # model.draft.kind=calibrated: calibration.md / .json, read by write_summary
     keys = run_keys(cfg, pair)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
-    schedule = f"tree{cfg.tree.kind}" if uses_tree(cfg) else f"k{cfg.k}"
+    schedule = f"tree{cfg.tree.kind}-k{tree_depth_rule(cfg)}" if uses_tree(cfg) else f"k{cfg.k}"
     name = f"{keys['model']}-{keys['draft_quantization']}-{schedule}-T{keys['temperature']:g}"
     logger = make_logger(cfg.logger, run_dir, config, name)
     interrupted, done = False, 0

@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.sampling import Sampling
 
 from .schema import (
-    AUTO,
     DRAFT_NEEDS,
     TREE_NEEDS,
     TREE_NEEDS_DRAFT_MODEL,
@@ -149,11 +148,6 @@ def check_tree(cfg: DictConfig) -> None:
     for key in TREE_NEEDS[kind]:
         if tree[key] is None:
             raise ConfigError(f"tree.kind={kind.value} needs tree.{key}; see conf/tree/{kind.value}.yaml")
-    if cfg.k == AUTO:
-        raise ConfigError(
-            f"k=auto chooses the length of a chain, but tree={kind.value} has its own shape (tree.depth, "
-            "tree.nodes): use tree=none with k=auto, or an integer k with the tree"
-        )
     if kind in TREE_NEEDS_DRAFT_MODEL and not has_draft_model(cfg):
         raise ConfigError(
             f"tree={kind.value} drafts with a draft model, but model={cfg.model.name} drafts with an n-gram "

@@ -42,11 +42,6 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 
 
-def is_tree(rows: pd.DataFrame) -> bool:
-    """Whether these rows verified token trees (their overlap with p is not measured: no alpha)."""
-    return "tree_nodes" in rows and bool(rows["tree_nodes"].map(len).sum() > 0)
-
-
 def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
     """Aggregate one method's prompts: throughput over all tokens, quality as a mean over prompts."""
     speculative = rows["drafted"].sum() > 0
@@ -59,9 +54,7 @@ def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
         "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
         if speculative or method == BASELINE
         else math.nan,
-        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum())
-        if speculative and not is_tree(rows)
-        else math.nan,
+        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
         "nll_per_token": rows["nll"].mean(),
         "agreement": rows["agreement"].mean(),
         "distinct_2": rows["distinct_2"].mean(),
@@ -131,7 +124,7 @@ def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], d
     metrics = {"rounds": float(spec["target_forwards"].sum()), "accepted_depth_mean": mean(accepted)}
     histograms = {"accepted_depth": counts(accepted, longest)}
     chosen = flatten(spec["chosen_k"])
-    if chosen:  # chains: the draft length of every round (0: a plain target step)
+    if chosen:  # the draft length (a tree: its depth) of every round, 0: a plain target step
         metrics["chosen_k_mean"] = mean(chosen)
         histograms["chosen_k"] = counts(chosen, longest)
     nodes = flatten(spec["tree_nodes"])
@@ -173,7 +166,8 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
         lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
     if "tree_nodes_mean" in metrics:
         lines.append(
-            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, depth {metrics['tree_depth_mean']:.2f}."
+            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, "
+            f"depth {metrics['tree_depth_mean']:.2f}."
         )
     if "predicted_tokens_per_second" in metrics:
         lines.append(

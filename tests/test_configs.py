@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from experiments.pair import offline_pairs, pair_key, warn_if_gated
 from experiments.prompts import load_prompts
-from experiments.run import tree_drafter
+from experiments.run import longest_draft, tree_depth_rule, tree_drafter
 from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
 from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 from specdec.tiny import tiny_model
@@ -133,8 +133,6 @@ BAD = [
     (["tree.kind=forest"], "choices: none, ngram, model, hybrid"),
     (["tree=model", "model=smollm2_ngram"], "tree=model drafts with a draft model.*use tree=ngram"),
     (["tree=hybrid", "model=smollm2_ngram"], "tree=hybrid drafts with a draft model"),
-    (["tree=ngram", "k=auto"], "k=auto chooses the length of a chain"),
-    (["model=smollm2_ngram_auto", "tree=ngram"], "k=auto chooses the length of a chain"),
     (["tree=ngram", "tree.nodes=65"], "up to 65 nodes per pass but tree.max_nodes=64"),
     (["tree=hybrid", "tree.nodes=40"], "up to 80 nodes per pass"),
     (["tree=ngram", "tree.depth=null"], "tree.kind=ngram needs tree.depth"),
@@ -183,6 +181,17 @@ def test_tree_options_validate_with_a_draft_model(option: str, make_cfg) -> None
     cfg = make_cfg(f"tree={option}", "model=smollm2_weak")
     validate(cfg)
     assert cfg.tree.kind == option
+
+
+def test_k_auto_with_a_tree_chooses_its_depth(make_cfg) -> None:
+    """tree_generate gets k="auto" (depth <= k_max, nodes <= max_nodes each round) or the tree's own depth."""
+    auto = make_cfg("model=smollm2_ngram_auto", "tree=ngram", "k_max=5")
+    validate(auto)
+    assert (tree_depth_rule(auto), longest_draft(auto)) == ("auto", 5)
+    fixed = make_cfg("tree=ngram", "tree.depth=6", "k=3")
+    validate(fixed)
+    assert (tree_depth_rule(fixed), longest_draft(fixed)) == (6, 6)  # an integer k sets chains only
+    assert longest_draft(make_cfg("k=3")) == 3
 
 
 class FakePair:

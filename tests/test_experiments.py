@@ -23,6 +23,7 @@ SMOKE = [  # the weak pair loads without quantizing: the fastest pair with all t
     "threads=1",
 ]
 FIGURES = {"tokens_per_second", "acceptance_by_position", "accepted_length", "speedup_vs_theory"}
+NGRAM = ["dataset.n_prompts=2", "max_new_tokens=12", "warmup_tokens=2", "threads=1"]  # with an n-gram pair
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,85 @@ def test_greedy_speculative_output_is_the_targets(run_dir: Path) -> None:
     assert (naive["weights_mb"] > rows[rows["method"] == "autoregressive"]["weights_mb"].max()).all()
 
 
+def summary_and_rows(folder: Path) -> tuple[dict, pd.DataFrame]:
+    summary = json.loads((folder / "summary.json").read_text())
+    return summary, pd.read_json(folder / "results.jsonl", lines=True)
+
+
+def check_rounds(summary: dict, rows: pd.DataFrame, longest: int) -> pd.DataFrame:
+    """What every speculative run logs about its rounds; returns its speculative rows."""
+    metrics, histograms = summary["metrics"], summary["histograms"]
+    spec = rows[rows["method"] == "speculative"]
+    rounds = int(spec["target_forwards"].sum())
+    assert metrics["rounds"] == rounds > 0
+    assert metrics["tokens_per_pass/speculative"] == pytest.approx(spec["emitted"].sum() / rounds)
+    assert metrics["tokens_per_pass/autoregressive"] == 1.0
+    depth = histograms["accepted_depth"]
+    assert len(depth) == longest + 1 and sum(depth) == rounds  # one count per depth 0..longest
+    assert metrics["accepted_depth_mean"] == pytest.approx(sum(d * n for d, n in enumerate(depth)) / rounds)
+    assert (spec["chosen_k"].map(len) == spec["target_forwards"]).all()  # one chosen k per round
+    by = rows.pivot(index="prompt_id", columns="method", values="text")  # greedy: exactly the target's text
+    assert (by["speculative"] == by["autoregressive"]).all()
+    assert metrics["agreement/speculative"] == 1.0
+    return spec
+
+
+@pytest.fixture(scope="module")
+def auto_dir(tmp_path_factory, make_cfg) -> Path:
+    """model=smollm2_ngram_auto (k=auto), W&B offline."""
+    folder = tmp_path_factory.mktemp("auto")
+    run_experiment(make_cfg("model=smollm2_ngram_auto", *NGRAM, "logger=wandb_offline"), folder)
+    return folder
+
+
+@pytest.mark.xdist_group("smollm2_ngram")
+def test_k_auto_run_logs_chosen_k_and_the_cost_model(auto_dir: Path) -> None:
+    summary, rows = summary_and_rows(auto_dir)
+    config = summary["config"]
+    assert (config["k"], config["k_max"], config["tree"]) == ("auto", 8, "none")
+    spec = check_rounds(summary, rows, longest=8)
+    metrics, chosen = summary["metrics"], summary["histograms"]["chosen_k"]
+    assert len(chosen) == 9 and sum(chosen) == metrics["rounds"]  # k = 0..k_max, plain steps included
+    assert chosen[0] >= 2  # the cost model's warm-up starts each prompt with a plain target step
+    assert metrics["chosen_k_mean"] == pytest.approx(sum(k * n for k, n in enumerate(chosen)) / sum(chosen))
+    assert all(0 <= k <= 8 for ks in spec["chosen_k"] for k in ks)
+    assert metrics["predicted_tokens_per_second"] > 0 and metrics["measured_tokens_per_second"] > 0
+    assert metrics["predicted_over_measured"] == pytest.approx(
+        metrics["predicted_tokens_per_second"] / metrics["measured_tokens_per_second"]
+    )
+    assert "theoretical_speedup" not in metrics  # Thm 3.8 needs a fixed k
+    text = (auto_dir / "summary.md").read_text()
+    assert "tokens per target pass" in text and "Chosen k: mean" in text and "Cost model" in text
+    assert {p.stem for p in (auto_dir / "figures").glob("*.png")} == {
+        "tokens_per_second", "acceptance_by_position", "accepted_length", "chosen_k",
+    }  # fmt: skip
+    assert list((auto_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.fixture(scope="module")
+def tree_dir(tmp_path_factory, make_cfg) -> Path:
+    """model=smollm2_ngram tree=ngram: a trie of prompt-lookup matches per pass."""
+    folder = tmp_path_factory.mktemp("tree")
+    run_experiment(make_cfg("model=smollm2_ngram", "tree=ngram", *NGRAM, "logger=none"), folder)
+    return folder
+
+
+@pytest.mark.xdist_group("smollm2_ngram")
+def test_tree_run_logs_tree_size_and_accepted_depth(tree_dir: Path) -> None:
+    summary, rows = summary_and_rows(tree_dir)
+    assert (summary["config"]["tree"], summary["config"]["tree_nodes"], summary["config"]["tree_depth"]) == (
+        "ngram", 8, 8,
+    )  # fmt: skip
+    spec = check_rounds(summary, rows, longest=8)
+    metrics = summary["metrics"]
+    nodes = [n for ns in spec["tree_nodes"] for n in ns]
+    assert len(nodes) == metrics["rounds"] and max(nodes) <= 8
+    assert metrics["tree_nodes_mean"] == pytest.approx(sum(nodes) / len(nodes))
+    assert 0 < metrics["tree_depth_mean"] <= 8
+    assert all(k <= 8 for ks in spec["chosen_k"] for k in ks)  # the tree's depth, cut by the token budget
+    assert "Tree size:" in (tree_dir / "summary.md").read_text()
+
+
 def test_report_on_a_run(run_dir: Path) -> None:
     text = report(run_dir)
     out = run_dir / "report"
@@ -98,11 +178,12 @@ def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch, mak
 
 
 def test_cli_sweep_and_report(tmp_path: Path) -> None:
-    """`python -m experiments.run -m k=1,2 ...` then `python -m experiments.report <sweep folder>`."""
+    """`python -m experiments.run -m k=2,auto ...` then `python -m experiments.report <sweep folder>`."""
     sweep = tmp_path / "sweep"
     args = ["model=smollm2_ngram", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2", "threads=1"]
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "-m", "k=1,2", *args, "logger=none", f"hydra.sweep.dir={sweep}"],
+        [sys.executable, "-m", "experiments.run", "-m", "k=2,auto", *args, "logger=none",
+         f"hydra.sweep.dir={sweep}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -113,4 +194,6 @@ def test_cli_sweep_and_report(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     best = pd.read_csv(sweep / "report" / "best_k.csv")
-    assert best["k_tried"].tolist() == ["1,2"]
+    assert best["k_tried"].astype(str).tolist() == ["2"]  # k=auto has no single k
+    scheduled = pd.read_csv(sweep / "report" / "schedule.csv")
+    assert scheduled["schedule"].tolist() == ["k=auto"] and scheduled["chosen_k_mean"].notna().all()
