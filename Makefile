@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
 	$(BIN)/python -m experiments.run $(ARGS)
+	@dir=$$(ls -td outputs/*/*/ 2>/dev/null | head -1); \
+	echo "Run folder: $$dir (summary.md, calibration.md, figures/); offline W&B run: $${dir}wandb/ (upload: wandb sync $${dir}wandb/offline-run-*)"
 
 # pytest-xdist processes; each loads the offline model at most once
 WORKERS ?= 2

@@ -14,7 +14,8 @@ dynamic int8 and bf16 matmuls depend on AVX-512 / AMX. A draft slower than the t
 gain: E(k) <= k + 1 < k c + 1 <= k c + v(k+1). So the choice is made by measurement, each run.
 
 - timings: one-token steps of the target and of every draft model, target passes of a few widths (other
-  widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up;
+  widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up,
+  all of them interleaved in each repeat so that they share the machine's load;
 - alpha: a short speculative_generate at k = probe_k per candidate; alpha is the value for which Eq. 1
   gives the measured tokens per target pass (a lookup that finds nothing counts as a rejection).
   Candidates are probed in the order of their speedup at alpha = 1 (an upper bound); one whose bound is
@@ -26,20 +27,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import torch
 from transformers import PreTrainedModel
 
-from .cached import logits_width
+from .cached import CachedLM, logits_width
 from .cost import CostModel
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import expected_tokens_per_pass
 from .models import bfloat16_copy, dynamic_int8_copy, force_unfused_4bit, load_model
 from .sampling import GREEDY, Sampling
 from .speculative import speculative_generate
-from .timing import forward_ms, stopwatch
+from .timing import stopwatch
 
 # bitsandbytes nf4 / LLM.int8 copies, torch dynamic int8 copy, bf16 copy, prompt lookup
 CANDIDATES = ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
@@ -106,19 +108,13 @@ class Timings:
         return max(1.0, model.pass_seconds(width) / self.step_ms)
 
 
+def timed_step(lm: CachedLM, tokens: torch.Tensor) -> tuple[Callable[[], object], Callable[[], None]]:
+    """(run, undo): one cached forward of tokens (1, n) after what lm holds, and the crop back."""
+    length = lm.length
+    return partial(lm.forward, tokens), partial(lm.crop, length)
+
+
 @torch.inference_mode()
-def lookup_ms(drafter: Drafter, prefix: torch.Tensor, k: int, vocab: int, repeats: int) -> float:
-    """Median ms of one proposal of up to k tokens after prefix (1, L)."""
-    drafter.start(prefix)
-    samples: list[float] = []
-    for _ in range(repeats + 1):
-        seconds: dict[str, float] = {}
-        with stopwatch(seconds, "call", prefix.device):
-            drafter.propose(prefix, k, GREEDY, vocab, None)
-        samples.append(seconds["call"])
-    return 1000 * statistics.median(samples[1:])
-
-
 def measure_timings(
     target: PreTrainedModel,
     drafters: Mapping[str, Drafter],
@@ -128,15 +124,34 @@ def measure_timings(
     repeats: int = 3,
     widths: Sequence[int] = PASS_WIDTHS,
 ) -> Timings:
-    """Time the target at a few pass widths and one draft step (or lookup call) of every candidate."""
-    pass_ms = {w: forward_ms(target, prefix, w, repeats=repeats) for w in widths}
-    draft_ms = {
-        name: forward_ms(d.model, prefix, 1, repeats=repeats)
-        if isinstance(d, ModelDrafter)
-        else lookup_ms(d, prefix, k_max, logits_width(target), repeats)
-        for name, d in drafters.items()
-    }
-    return Timings(pass_ms, draft_ms)
+    """Median ms of target passes at a few widths and of one draft step (or lookup call) per candidate.
+
+    Interleaved: every repeat times each of them once in turn, so that all see the same machine load (on a
+    shared machine the load changes within seconds; c is a ratio of two of these medians). prefix: (1, L).
+    """
+    jobs: dict[object, tuple[Callable[[], object], Callable[[], None]]] = {}
+    target_lm = CachedLM(target)
+    target_lm.forward(prefix, last_only=True)
+    for w in widths:
+        jobs[w] = timed_step(target_lm, prefix[:, -w:] if prefix.shape[-1] >= w else prefix[:, :1].repeat(1, w))
+    for name, d in drafters.items():
+        if isinstance(d, ModelDrafter):
+            lm = CachedLM(d.model)
+            lm.forward(prefix, last_only=True)
+            jobs[name] = timed_step(lm, prefix[:, -1:])
+        else:
+            d.start(prefix)
+            jobs[name] = (partial(d.propose, prefix, k_max, GREEDY, logits_width(target), None), lambda: None)
+    samples: dict[object, list[float]] = {key: [] for key in jobs}
+    for _ in range(repeats + 1):  # the first round warms up and is dropped
+        for key, (run, undo) in jobs.items():
+            seconds: dict[str, float] = {}
+            with stopwatch(seconds, "run", prefix.device):
+                run()
+            undo()
+            samples[key].append(seconds["run"])
+    ms = {key: 1000 * statistics.median(values[1:]) for key, values in samples.items()}
+    return Timings({w: ms[w] for w in widths}, {name: ms[name] for name in drafters})
 
 
 def alpha_from_tokens_per_pass(tokens_per_pass: float, k: int) -> float:
@@ -240,8 +255,8 @@ def choose(results: Sequence[CandidateResult]) -> tuple[str, str]:
         f"verification pass {best.pass_cost:.2f} target steps), the best of {len(ranked)} candidates"
     )
     if len(ranked) > 1:
-        bound = "at most " if math.isnan(ranked[1].alpha) else ""
-        reason += f"; next {ranked[1].name} at {bound}{ranked[1].speedup:.2f}x"
+        bound = "at most" if math.isnan(ranked[1].alpha) else "at"
+        reason += f"; next {ranked[1].name} {bound} {ranked[1].speedup:.2f}x"
     if best.speedup <= 1.0:
         reason += (
             ". No candidate is predicted to beat the target alone on this machine at this k"
