@@ -12,7 +12,7 @@ meaningless text but real costs: it measures
      Tokens per target pass and, for k="auto", the cost model's predicted vs measured rate.
 Without CUDA it says so and exits 0.
 
-    python -m experiments.gpu_bench --out bench_out/gpu       # about 3 minutes on an H200
+    python -m experiments.gpu_bench --out bench_out/gpu       # not timed yet with the tree and k=auto loops
 """
 
 from __future__ import annotations
