@@ -218,7 +218,7 @@ def run_keys(cfg: DictConfig, pair: Pair) -> dict:
         "k": cfg.k,
         "k_max": cfg.k_max,
         "tree": cfg.tree.kind,
-        "tree_nodes": cfg.tree.nodes if uses_tree(cfg) else None,
+        "tree_node_budget": cfg.tree.nodes if uses_tree(cfg) else None,  # rows hold tree_nodes per round
         "tree_depth": cfg.tree.depth if uses_tree(cfg) else None,
         "temperature": float(cfg.temperature),
         "top_k": cfg.top_k,

@@ -136,9 +136,8 @@ def tree_dir(tmp_path_factory, make_cfg) -> Path:
 @pytest.mark.xdist_group("smollm2_ngram")
 def test_tree_run_logs_tree_size_and_accepted_depth(tree_dir: Path) -> None:
     summary, rows = summary_and_rows(tree_dir)
-    assert (summary["config"]["tree"], summary["config"]["tree_nodes"], summary["config"]["tree_depth"]) == (
-        "ngram", 8, 8,
-    )  # fmt: skip
+    config = summary["config"]
+    assert (config["tree"], config["tree_node_budget"], config["tree_depth"]) == ("ngram", 8, 8)
     spec = check_rounds(summary, rows, longest=8)
     metrics = summary["metrics"]
     nodes = [n for ns in spec["tree_nodes"] for n in ns]
