@@ -43,11 +43,14 @@ from omegaconf import DictConfig
 
 from specdec.models import encode_prompt
 
-from .bench_results import annotate_goals, bench_table, contender_figures, cost_figures, ratios
-from .contenders import CONTENDERS, ForwardClock, Run, Setting, bind, check_identical, interleaved
+from .bench_figures import contender_figures, cost_figures
+from .bench_ratios import annotate_goals, ratios
+from .bench_table import bench_table
+from .contenders import CONTENDERS, Setting, bind, check_identical
 from .goals import goal_entries
 from .prompts import Prompt
 from .records import machine, peak_rss_mb, reset_peak_rss, write_result
+from .schedule import ForwardClock, Run, interleaved
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DEFAULT_CONTENDERS = (  # what issue 9's ratios need; hf_plain, tree_hybrid and the *_wide chains on request

@@ -12,8 +12,9 @@ import torch
 from specdec import GREEDY
 from specdec.timing import forward_ms
 
-from .contenders import ForwardClock, Setting, bind
+from .contenders import Setting, bind
 from .records import markdown_table
+from .schedule import ForwardClock
 
 SCALING_CONTENDERS = (
     "ar",

@@ -9,15 +9,15 @@ Each contender names whose loop it is ("ours", "hf") and what drafts ("model", "
 None), so the benchmark can pick our best n-gram configuration, our best configuration with the draft
 model, and so on, without a list of names to keep in step.
 
-The interleaved schedule and the timer that every benchmark uses live here too.
+The greedy check (every contender emits the reference's tokens) lives here too; the schedule and the
+timers that run the contenders live in experiments.schedule.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -37,11 +37,9 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.timing import stopwatch
 
 HF_PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; prompt lookup has no built-in default
 HF_LOOKUP_FIXED_K = (2, 8)  # prompt lookup at more fixed k (hf_lookup: the setting's k), for HF's best fixed k
-Item = TypeVar("Item")
 Owner = Literal["ours", "hf"]
 Source = Literal["model", "ngram", "hybrid"]
 
@@ -265,73 +263,7 @@ def bind(name: str, setting: Setting) -> Callable[[torch.Tensor, int, int], Outp
     return lambda ids, n, seed: contender.generate(setting, ids, n, seed)
 
 
-# ---------------------------------------------------------------------------- schedule and timer
-
-
-@dataclass
-class Run:
-    """One contender on one input: new tokens, wall seconds, our Stats, time and calls inside each model."""
-
-    tokens: list[int]
-    seconds: float
-    stats: dict | None = None
-    model_seconds: dict[str, float] = field(default_factory=dict)
-    model_calls: dict[str, int] = field(default_factory=dict)
-
-
-def timed(fn: Callable[[torch.Tensor, int, int], Output], ids: torch.Tensor, n: int, seed: int) -> Run:
-    """Wall time of one call (CUDA synchronized by the stopwatch)."""
-    wall: dict[str, float] = {}
-    with stopwatch(wall, "run", ids.device):
-        out = fn(ids, n, seed)
-    return Run(out.tokens.tolist(), wall["run"], out.stats)
-
-
-class ForwardClock:
-    """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
-
-    Wall time minus this is the loop's own overhead (sampling, acceptance, cache bookkeeping, Python).
-    """
-
-    def __init__(self, models: dict[str, torch.nn.Module | None]):
-        models = {name: m for name, m in models.items() if m is not None}
-        self.seconds = dict.fromkeys(models, 0.0)
-        self.calls = dict.fromkeys(models, 0)
-        self.handles = []
-        for name, model in models.items():
-            self.handles.append(model.register_forward_pre_hook(lambda *_: self._start()))
-            self.handles.append(model.register_forward_hook(lambda *_, n=name: self._stop(n)))
-
-    def _start(self) -> None:
-        self.started = time.perf_counter()
-
-    def _stop(self, name: str) -> None:
-        self.seconds[name] += time.perf_counter() - self.started
-        self.calls[name] += 1
-
-    def measure(self, fn, ids: torch.Tensor, n: int, seed: int) -> Run:
-        """contenders.timed, with the seconds and calls inside each model during the call."""
-        self.seconds = dict.fromkeys(self.seconds, 0.0)
-        self.calls = dict.fromkeys(self.calls, 0)
-        run = timed(fn, ids, n, seed)
-        run.model_seconds, run.model_calls = dict(self.seconds), dict(self.calls)
-        return run
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
-def interleaved(
-    names: Sequence[str], items: Sequence[Item], repetitions: int
-) -> Iterator[tuple[int, Item, str]]:
-    """(repetition, item, contender) in a round-robin order: no contender always runs first, so drift
-    of the machine's speed hits all contenders alike."""
-    for rep in range(repetitions):
-        for j, item in enumerate(items):
-            shift = (rep * len(items) + j) % len(names)
-            for name in [*names[shift:], *names[:shift]]:
-                yield rep, item, name
+# ---------------------------------------------------------------------------- greedy check
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

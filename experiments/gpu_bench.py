@@ -31,8 +31,9 @@ from transformers import PreTrainedModel
 from specdec.timing import forward_ms
 from specdec.tiny import tiny_model
 
-from .contenders import Setting, bind, interleaved, timed
+from .contenders import Setting, bind
 from .records import machine, markdown_table, write_result
+from .schedule import interleaved, timed
 
 SHAPES = {  # public architecture shapes; weights are random
     "llama3-8b": {

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from experiments import bench, gpu_bench
-from experiments.bench_results import bench_table, pooled_stats
+from experiments.bench_figures import pooled_stats
 from experiments.bench_scaling import run_scaling, scaling_table
-from experiments.contenders import CONTENDERS, EQUAL_WIDTH, Setting, check_identical, interleaved
+from experiments.bench_table import bench_table
+from experiments.contenders import CONTENDERS, EQUAL_WIDTH, Setting, check_identical
 from experiments.goals import GOALS, ISSUE_9, goal_entries
 from experiments.prompts import Prompt
 from experiments.records import machine, machine_sentence, markdown_table, strict_json, write_result
+from experiments.schedule import interleaved
 from specdec import Sampling
 from specdec.tiny import tiny_model
 

@@ -1,0 +1,183 @@
+"""The benchmark's figures -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
+chain vs tree at equal width and the cost model's prediction vs measurement."""
+
+from __future__ import annotations
+
+import math
+
+from specdec.metrics import expected_tokens_per_pass, walltime_improvement
+
+from .bench_figures import decode_rate, geomean
+from .contenders import CONTENDERS, EQUAL_WIDTH, HF_PROMPT_LOOKUP_TOKENS
+
+HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, at the same k
+    "speedup_vs_hf_assisted": ("spec_model", "hf_assisted"),
+    "speedup_vs_hf_prompt_lookup": ("spec_ngram", "hf_lookup"),
+    "ar_vs_hf_plain": ("ar", "hf_plain"),
+}
+
+
+def lookup_k(name: str, k: int) -> int:
+    """The draft length of a Hugging Face prompt-lookup contender."""
+    if name == "hf_lookup":
+        return k
+    if name == "hf_lookup_default":
+        return HF_PROMPT_LOOKUP_TOKENS
+    return int(name.removeprefix("hf_lookup_k"))
+
+
+def ratios(result: dict) -> tuple[dict[str, float], str | None]:
+    """The ratios (higher is better), the Thm 3.8 comparison, the goal ratios over categories, and
+    the name of our best configuration (highest geometric mean over categories vs target-only).
+
+    Also fills result["vs_target_only"] (every contender per category vs ar, geometric mean, worst),
+    result["best"] (which contender each goal ratio used) and result["chain_vs_tree"], result["cost_model"].
+    """
+    c = result["contenders"]
+    k = result["settings"]["k"]
+
+    def tps(name: str, category: str | None = None) -> float:
+        if name not in c:
+            return float("nan")
+        figures = c[name]["by_category"].get(category) if category else c[name]["tokens_per_second"]
+        return figures["median"] if figures else float("nan")
+
+    categories = sorted(next(iter(c.values()))["by_category"]) if c else []
+
+    def over_categories(ours: str, other: str) -> list[float]:
+        return [tps(ours, cat) / tps(other, cat) for cat in categories]
+
+    def category_geomean(name: str) -> float:  # tokens/s, geometric mean over categories
+        return geomean([tps(name, cat) for cat in categories])
+
+    def best(names: list[str]) -> str | None:
+        return max(names, key=category_geomean, default=None)
+
+    def group(owner: str, *drafts: str) -> list[str]:
+        return [n for n in c if n in CONTENDERS and CONTENDERS[n].owner == owner and CONTENDERS[n].drafts in drafts]
+
+    if "ar" in c:
+        result["vs_target_only"] = {
+            name: {
+                "by_category": dict(zip(categories, over_categories(name, "ar"))),
+                "geomean": geomean(over_categories(name, "ar")),
+                "min_category": min(over_categories(name, "ar")),
+            }
+            for name in c
+            if name != "ar"
+        }
+    out = {ratio: tps(ours) / tps(hf) for ratio, (ours, hf) in HEADLINE.items()}
+    speedup = tps("spec_model") / tps("ar")
+    alpha = (c.get("spec_model", {}).get("stats") or {}).get("alpha")
+    cost = result["costs"]
+    if alpha is not None and "ar" in c:
+        theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
+        verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
+        refined = expected_tokens_per_pass(min(alpha, 1.0), k) / (k * cost["c"] + verify_ratio)
+        decode = decode_rate(c["spec_model"]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
+        out.update(
+            spec_model_vs_ar=speedup,
+            alpha=alpha,
+            c=cost["c"],
+            theory_speedup=theory,
+            efficiency_vs_theory=speedup / theory,
+            spec_model_vs_ar_decode_only=decode,
+            efficiency_vs_theory_decode_only=decode / theory,
+            theory_speedup_with_verify_cost=refined,
+            efficiency_vs_theory_with_verify_cost=speedup / refined,
+        )
+    out["spec_ngram_vs_ar"] = tps("spec_ngram") / tps("ar")
+    speculating = group("ours", "model", "ngram", "hybrid")  # every offline configuration of ours
+    for category in ("summarization", "retrieval"):
+        rates = [r for r in (tps(name, category) for name in speculating) if not math.isnan(r)]
+        out[f"best_drafter_vs_ar_{category}"] = max(rates, default=float("nan")) / tps("ar", category)
+    # the goals of issue 9: per category, geometric mean over categories
+    chosen = {
+        "offline": best(speculating),
+        "ngram": best(group("ours", "ngram")),
+        "model": best(group("ours", "model", "hybrid")),  # configurations that run the draft model
+        "hf_lookup_fixed_k": best([n for n in group("hf", "ngram") if n != "hf_lookup_default"]),
+    }
+    best_name = chosen["offline"]
+    if "ar" in c and best_name:
+        out["best_vs_target_only_geomean"] = geomean(over_categories(best_name, "ar"))
+        out["best_vs_target_only_min_category"] = min(over_categories(best_name, "ar"))
+    ngram, model, hf_fixed = chosen["ngram"], chosen["model"], chosen["hf_lookup_fixed_k"]
+    out["vs_hf_prompt_lookup"] = geomean(over_categories(ngram, "hf_lookup_default")) if ngram else math.nan
+    out["vs_hf_prompt_lookup_best_fixed_k"] = (
+        geomean(over_categories(ngram, hf_fixed)) if ngram and hf_fixed else math.nan
+    )
+    out["vs_hf_prompt_lookup_same_k"] = geomean(over_categories("spec_ngram", "hf_lookup"))
+    if hf_fixed:
+        chosen["hf_lookup_best_k"] = lookup_k(hf_fixed, k)
+    out["vs_hf_assisted_default"] = geomean(over_categories(model, "hf_assisted_default")) if model else math.nan
+    out["vs_hf_assisted_fixed_k"] = geomean(over_categories(model, "hf_assisted")) if model else math.nan
+    out["vs_hf_assisted_same_k"] = geomean(over_categories("spec_model", "hf_assisted"))
+    both = [out["vs_hf_assisted_default"], out["vs_hf_assisted_fixed_k"]]
+    out["vs_hf_assisted"] = float("nan") if any(map(math.isnan, both)) else min(both)
+    result["best"] = chosen
+    result["chain_vs_tree"] = chain_vs_tree(result)
+    result["cost_model"] = cost_model_check(c)
+    return out, best_name
+
+
+def annotate_goals(goals: dict, best: dict, k: int) -> None:
+    """Name, next to each goal ratio, the contenders it compares."""
+    for key in ("best_vs_target_only_geomean", "best_vs_target_only_min_category"):
+        if key in goals:
+            goals[key].update(contender=best.get("offline"), against="ar")
+    if "vs_hf_prompt_lookup" in goals:
+        goals["vs_hf_prompt_lookup"].update(
+            contender=best.get("ngram"),
+            against="hf_lookup_default",
+            against_k=HF_PROMPT_LOOKUP_TOKENS,
+            hf_best_fixed_k=best.get("hf_lookup_best_k"),
+            hf_best_fixed_k_contender=best.get("hf_lookup_fixed_k"),
+        )
+    if "vs_hf_assisted" in goals:
+        goals["vs_hf_assisted"].update(
+            contender=best.get("model"), against=["hf_assisted_default", "hf_assisted"], against_fixed_k=k
+        )
+
+
+def chain_vs_tree(result: dict) -> dict:
+    """Tokens per target pass (and tokens/s, and measured seconds per pass) of a chain and a tree of the same
+    pass width, per drafter."""
+    c, settings = result["contenders"], result["settings"]
+    out = {}
+    for drafter, (wide, fixed, tree) in EQUAL_WIDTH.items():
+        chain = wide if wide in c else fixed if settings["k"] == settings.get("nodes") else None
+        if not (chain in c and tree in c and "stats" in c[chain] and "stats" in c[tree]):
+            continue
+        entry = {"pass_width": settings["nodes"] + 1}
+        for shape, name in (("chain", chain), ("tree", tree)):
+            st = c[name]["stats"]
+            entry[shape] = {
+                "contender": name,
+                "tokens_per_pass": st["mean_accepted_length"],
+                "tokens_per_second": c[name]["tokens_per_second"]["median"],
+                "verify_ms_per_pass": 1000 * st["seconds"]["verify"] / st["target_forwards"]
+                if "verify" in st["seconds"]
+                else None,
+                "draft_forwards_per_pass": st["draft_forwards"] / st["target_forwards"],
+                "mean_tree_nodes": st.get("mean_tree_nodes"),
+            }
+        entry["tree_over_chain_tokens_per_pass"] = entry["tree"]["tokens_per_pass"] / entry["chain"]["tokens_per_pass"]
+        out[drafter] = entry
+    return out
+
+
+def cost_model_check(c: dict) -> dict:
+    """k="auto": the cost model's predicted tokens/s (over the rounds it predicted) vs what they measured."""
+    out = {}
+    for name, f in c.items():
+        st = f.get("stats") or {}
+        predicted, measured = st.get("predicted_tokens_per_second"), st.get("measured_tokens_per_second")
+        if predicted:
+            out[name] = {
+                "predicted_tokens_per_second": predicted,
+                "measured_tokens_per_second": measured,
+                "measured_over_predicted": measured / predicted if measured else None,
+                "chosen_k_histogram": st["chosen_k_histogram"],
+            }
+    return out
