@@ -32,8 +32,7 @@ def autoregressive_generate(
     new = []
     with stopwatch(stats.seconds, "total", lm.device):
         with stopwatch(stats.seconds, "prefill", lm.device):
-            if sequence.shape[-1] > 1:
-                lm.forward(sequence[:, :-1], last_only=True)
+            lm.prefill(sequence)
         last = sequence[:, -1:]  # (1, 1)
         with stopwatch(stats.seconds, "verify", lm.device):
             while len(new) < max_new_tokens:

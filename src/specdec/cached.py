@@ -127,6 +127,11 @@ class CachedLM:
         self.length += tokens.shape[-1]
         return out.logits[0, :, : self.vocab_size]  # (n, V)
 
+    def prefill(self, sequence: torch.Tensor) -> None:
+        """Cache every token of sequence (1, L) but the last, whose logits the first round computes."""
+        if sequence.shape[-1] > 1:
+            self.forward(sequence[:, :-1], last_only=True)
+
     def crop(self, length: int, keep_past: bool = False) -> None:
         """Keep the first `length` cached tokens (never grows the cache).
 

@@ -63,8 +63,7 @@ class ModelDrafter:
 
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
-        if prompt.shape[-1] > 1:
-            self.lm.forward(prompt[:, :-1], last_only=True)  # prefill all but the last prompt token
+        self.lm.prefill(prompt)
 
     def propose(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None

@@ -349,8 +349,7 @@ def tree_generate(
     overlap_total = torch.zeros((), device=lm.device)
     with stopwatch(stats.seconds, "total", lm.device):
         with stopwatch(stats.seconds, "prefill", lm.device):
-            if sequence.shape[-1] > 1:
-                lm.forward(sequence[:, :-1], last_only=True)
+            lm.prefill(sequence)
             drafter.start(sequence)
         while stats.emitted < max_new_tokens:
             choice = choose(rule, max_new_tokens - stats.emitted - 1, max_nodes)  # never past the budget
