@@ -167,7 +167,8 @@ def calibrated_pair(
 ) -> Pair:
     """Load every candidate, calibrate, keep the chosen drafter (and a draft model for the naive method)."""
     spec = cfg.model.draft
-    ngram = {"max_ngram": spec.max_ngram, "min_ngram": spec.min_ngram, "fused_4bit": spec.fused_4bit}
+    ngram = {"max_ngram": spec.max_ngram, "min_ngram": spec.min_ngram, "fused_4bit": spec.fused_4bit,
+             "reads_target_cache": spec.reads_target_cache}
     names = candidate_names(cfg)
     loaded = {name: load_candidate(name, target, cfg.model.target.name, **ngram) for name in names}
     result = calibrate(
@@ -204,7 +205,8 @@ def load_pair(cfg: DictConfig) -> Pair:
     if draft_model is None:
         drafter: Drafter = NGramDrafter(max_ngram=spec.draft.max_ngram, min_ngram=spec.draft.min_ngram)
     else:
-        drafter = ModelDrafter(draft_model)
+        copy = DraftKind(spec.draft.kind) == DraftKind.QUANTIZED_COPY
+        drafter = ModelDrafter(draft_model, reads_target_cache=copy and spec.draft.reads_target_cache)
     return Pair(
         target, tokenizer, drafter, draft_model, draft_tokenizer, target_quantization, draft_quantization(cfg)
     )

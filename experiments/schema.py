@@ -106,6 +106,7 @@ class DraftConfig:
     max_ngram: Any = integer("min_ngram", default=None, optional=True)
     candidates: Any = None  # calibrated: names from specdec.calibration.CANDIDATES, checked by experiments.pair
     fused_4bit: bool = True  # false: bitsandbytes 4-bit drafts take the non-fused CPU path (force_unfused_4bit)
+    reads_target_cache: bool = True  # a copy of the target drafts from the target's KV cache (ModelDrafter)
 
 
 DRAFT_NEEDS: dict[DraftKind, tuple[str, ...]] = {

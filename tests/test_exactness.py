@@ -32,6 +32,8 @@ from specdec import (
     speculative,
     speculative_generate,
 )
+from specdec.cached import CachedLM
+from specdec.drafters import can_read_cache
 from specdec.exact import sequence_distribution, sequence_index
 from specdec.naive import draft_then_score
 
@@ -54,8 +56,10 @@ def resample_from_p(p_i: torch.Tensor, q_i: torch.Tensor) -> torch.Tensor:
     return p_i
 
 
-def speculative_counts(target, draft, sampling: Sampling, k: int, seed: int) -> torch.Tensor:
-    drafter = ModelDrafter(draft)
+def speculative_counts(
+    target, draft, sampling: Sampling, k: int, seed: int, reads_target_cache: bool = False
+) -> torch.Tensor:
+    drafter = ModelDrafter(draft, reads_target_cache=reads_target_cache)
 
     def generate(g):
         return speculative_generate(
@@ -71,6 +75,16 @@ def test_speculative_matches_target_distribution(small_vocab_pair, sampling, k):
     counts = speculative_counts(target, draft, sampling, k, seed=k)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
     # the draft really differs from the target, so this is not a trivial pass
+    assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < REJECT
+
+
+def test_a_draft_reading_the_target_cache_keeps_the_target_distribution(small_vocab_pair):
+    """The draft drafts from the target's KV cache (same shapes, so it reads it): still exact."""
+    target, draft = small_vocab_pair
+    assert can_read_cache(CachedLM(draft), CachedLM(target))
+    sampling = Sampling(1.0)
+    counts = speculative_counts(target, draft, sampling, 2, seed=11, reads_target_cache=True)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
     assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < REJECT
 
 

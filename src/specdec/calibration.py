@@ -68,11 +68,13 @@ def load_candidate(
     max_ngram: int = 3,
     min_ngram: int = 1,
     fused_4bit: bool = True,
+    reads_target_cache: bool = True,
 ) -> tuple[Drafter, PreTrainedModel | None]:
     """The drafter a candidate name stands for, and its draft model (None for the n-gram lookup).
 
     fused_4bit=False: the nf4 copy takes bitsandbytes' non-fused CPU path even where the fused kernel
     exists (specdec.models.force_unfused_4bit), standing in for a CPU without AVX512-BF16.
+    reads_target_cache: the copy drafts from the target's KV cache (ModelDrafter) instead of its own.
     """
     check_candidates([name])
     if name == "ngram":
@@ -85,7 +87,7 @@ def load_candidate(
         model = load_model(target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16")
         if name == "nf4" and not fused_4bit:
             force_unfused_4bit(model)
-    return ModelDrafter(model), model
+    return ModelDrafter(model, reads_target_cache=reads_target_cache), model
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .cached import CachedLM, logits_width
+from .cached import CachedLM, GrowingLayer, logits_width
 from .sampling import Sampling, probabilities, sample
 
 
@@ -52,24 +52,49 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A small causal LM that samples each draft token from its processed distribution q."""
+    """A small causal LM that samples each draft token from its processed distribution q.
+
+    reads_target_cache=True (for a reduced-precision copy of the target: same layers, heads and head size):
+    instead of computing its own states for the prompt and for accepted tokens, the draft takes the
+    target's KV cache, cast to its own dtype, and runs only one-token steps. This removes the draft's
+    prefill and catch-up passes (on a CPU without native bf16 matmuls a bf16 prompt pass costs several
+    target passes) and a k = 0 round costs the draft nothing. q is still the distribution each token is
+    sampled from, so speculative sampling stays exact; the draft is then "the copy, reading the target's
+    states", a different (usually better aligned) draft than the copy alone. The loop hands the target's
+    cache over with `share_cache`; a loop that does not (or a target cache this copy cannot read) leaves
+    the drafter computing its own states.
+    """
 
     draft_cost = "per_token"
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, reads_target_cache: bool = False):
         self.model = model
         self.vocab_size = logits_width(model)
         self.lm = CachedLM(model)
+        self.reads_target_cache = reads_target_cache
+        self.offered: CachedLM | None = None  # the cache the loop handed over for its next start
+        self.target: CachedLM | None = None  # the cache read during the current sequence
+        self.synced = 0  # leading cached positions copied from the target (equal to the target's own)
+
+    def share_cache(self, target: CachedLM) -> None:
+        """Read states from target's cache during the next sequence (if this drafter was built to and can)."""
+        if self.reads_target_cache and can_read_cache(self.lm, target):
+            self.offered = target
 
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
-        self.lm.prefill(prompt)
+        self.synced = 0
+        self.target, self.offered = self.offered, None
+        if self.target is None:
+            self.lm.prefill(prompt)
 
     def propose(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
         if k == 0:
             return Draft.empty(vocab_size, sequence.device)
+        if self.target is not None:
+            self.copy_target_states()
         tokens, rows = [], []
         logits = self.lm.advance(sequence, last_only=True)[-1, :vocab_size]  # (V,)
         for i in range(k):
@@ -81,8 +106,39 @@ class ModelDrafter:
                 logits = self.lm.forward(x_i[None])[-1, :vocab_size]
         return Draft(torch.cat(tokens), torch.stack(rows), forwards=k)  # (k,), (k, V)
 
+    def copy_target_states(self) -> None:
+        """Append the target's states for positions [synced, target.length), cast to the draft's dtype."""
+        assert self.target is not None
+        self.lm.crop(self.synced)
+        append_states(self.lm, self.target, self.synced)
+        self.synced = self.lm.length
+
     def rollback(self, length: int) -> None:
+        self.synced = min(self.synced, length)
         self.lm.crop(min(length, self.lm.length))
+
+
+def can_read_cache(draft: CachedLM, target: CachedLM) -> bool:
+    """Whether the draft's cache layers can hold the target's states: every layer a full-attention
+    GrowingLayer in both (no sliding windows) and the same layer count, key/value heads and head size."""
+    a, b = draft.model.config.get_text_config(), target.model.config.get_text_config()
+    shape = ("num_hidden_layers", "num_key_value_heads", "head_dim")
+    same = all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
+    full = all(type(layer) is GrowingLayer for lm in (draft, target) for layer in lm.cache.layers)
+    return same and full and draft.device == target.device
+
+
+@torch.inference_mode()
+def append_states(draft: CachedLM, target: CachedLM, start: int) -> None:
+    """Append target's cached keys/values at positions [start, target.length) to draft (which holds start)."""
+    if target.length <= start:
+        return
+    dtype = draft.model.get_input_embeddings().weight.dtype
+    for mine, theirs in zip(draft.cache.layers, target.cache.layers):
+        keys = theirs.keys[..., start : target.length, :].to(dtype)  # (1, H_kv, n, D)
+        values = theirs.values[..., start : target.length, :].to(dtype)
+        mine.update(keys, values)
+    draft.length = target.length
 
 
 class NGramDrafter:

@@ -38,6 +38,13 @@ def propose(
     return drafter.propose(sequence, k, sampling, vocab, generator)
 
 
+def share_cache(drafter: Drafter, target: CachedLM) -> None:
+    """Offer the target's cache to a drafter that can read it (a reduced-precision copy of the target)."""
+    share = getattr(drafter, "share_cache", None)
+    if share is not None:
+        share(target)
+
+
 def verify(
     target: CachedLM, sequence: torch.Tensor, draft: torch.Tensor, sampling: Sampling, vocab: int
 ) -> torch.Tensor:
@@ -99,6 +106,7 @@ def speculative_generate(
     with stopwatch(stats.seconds, "total", lm.device):
         with stopwatch(stats.seconds, "prefill", lm.device):
             lm.prefill(sequence)
+            share_cache(drafter, lm)
             drafter.start(sequence)
         while stats.emitted < max_new_tokens:
             choice = rule.choose(max_new_tokens - stats.emitted - 1)  # from past rounds; never past the budget
