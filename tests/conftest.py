@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept otherwise
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `--dist loadgroup` xdist appends "@<group>" to a grouped test's node id. Without it the test runs
+    on any worker, and every worker builds the heavy fixtures: fail, rather than silently doubling the work."""
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")
+    if grouped and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist did not group this test: pytest 9.2 breaks xdist_group "
+                    "(pytest-dev/pytest-xdist#1386). Fix: pip install 'pytest<9.2' (pyproject.toml pins it).")
+
+
 @pytest.fixture(autouse=True)
 def one_thread_for_tiny_models(request):
     """Tiny models are dominated by thread start-up cost on a shared 2-core machine: use one thread."""
