@@ -14,6 +14,7 @@ from specdec.models import (
     encode_prompt,
     ensure_offline_model,
     force_unfused_4bit,
+    gguf_parsed_once,
     load_model,
 )
 from specdec.tiny import tiny_model
@@ -111,3 +112,16 @@ def test_force_unfused_4bit(tmp_path):
     assert not any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in layers)
     with pytest.raises(ValueError, match="needs a bitsandbytes 4-bit model"):
         force_unfused_4bit(tiny)
+
+
+def test_gguf_parsing_is_memoized_only_inside_the_conversion():
+    """convert_gguf parses the GGUF file once (transformers would parse it for config, tokenizer and weights)."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
+    assert gguf.get_tensor_name_map is original
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first

