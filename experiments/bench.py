@@ -6,6 +6,7 @@ max_new_tokens and seeds for all):
   ar               our target-only loop                 hf_plain             HF generate
   spec_model       our chain, model draft, fixed k      hf_assisted          HF assisted generation, same draft, k
   spec_model_auto  the same, k="auto" (k_max)           hf_assisted_default  the same at HF's defaults (dynamic)
+  spec_model_shared(_auto)  the same (fixed k / auto), the draft reading the target's KV cache
   spec_model_wide  the same, k = tree nodes (when --nodes differs from --k)
   tree_model       our tree, top-b model branches
   tree_model_auto  the same, k="auto": depth and nodes per round

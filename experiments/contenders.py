@@ -140,6 +140,11 @@ def model_draft(s: Setting) -> ModelDrafter:
     return ModelDrafter(s.draft)
 
 
+def shared_cache_draft(s: Setting) -> ModelDrafter:
+    """The draft model reading the target's KV cache (a copy of the target; otherwise it keeps its own)."""
+    return ModelDrafter(s.draft, reads_target_cache=True)
+
+
 def ngram_draft(s: Setting) -> NGramDrafter:
     return NGramDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram)
 
@@ -227,6 +232,8 @@ CONTENDERS: dict[str, Contender] = {
     # the draft model: chains at k, at k="auto" and at the width of a tree; a top-b tree
     "spec_model": Contender(speculative(model_draft), "ours", "model"),
     "spec_model_auto": Contender(speculative(model_draft, k=lambda s: "auto"), "ours", "model"),
+    "spec_model_shared": Contender(speculative(shared_cache_draft), "ours", "model"),
+    "spec_model_shared_auto": Contender(speculative(shared_cache_draft, k=lambda s: "auto"), "ours", "model"),
     "spec_model_wide": Contender(speculative(model_draft, k=lambda s: s.nodes), "ours", "model"),
     "tree_model": Contender(tree(model_tree), "ours", "model"),
     "tree_model_auto": Contender(tree(model_tree_auto, auto=True), "ours", "model"),

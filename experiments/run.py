@@ -165,8 +165,12 @@ def prompt_rows(
         with peak_memory(cfg.device) as memory[method]:
             outputs[method] = generate(method, pair, ids, cfg, sampling, cfg.max_new_tokens)
     reference = outputs["autoregressive"].tokens if sampling.greedy else None
+    scored: dict[tuple[int, ...], dict] = {}  # identical outputs (greedy) are scored by the target once
     rows = []
     for method, out in outputs.items():
+        key = tuple(out.tokens.tolist())
+        if key not in scored:
+            scored[key] = quality(pair, ids, out.tokens, reference)
         stats = out.stats
         rows.append(
             {
@@ -177,7 +181,7 @@ def prompt_rows(
                 **stats.summary(),
                 **round_means(stats),
                 **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
-                **quality(pair, ids, out.tokens, reference),
+                **scored[key],
                 "weights_mb": pair.weights_mb(method),
                 "peak_rss_mb": memory[method].rss_mb,
                 "peak_cuda_mb": memory[method].cuda_mb,

@@ -13,6 +13,9 @@ Which draft is fastest depends on the CPU: bitsandbytes' fused 4-bit kernel need
 dynamic int8 and bf16 matmuls depend on AVX-512 / AMX. A draft slower than the target (c > 1) cannot
 gain: E(k) <= k + 1 < k c + 1 <= k c + v(k+1). So the choice is made by measurement, each run.
 
+The model candidates are copies of the target and, by default, draft from the target's KV cache
+(ModelDrafter(reads_target_cache=True)): in the loop they run one-token steps only, which is what is timed.
+
 - timings: one-token steps of the target and of every draft model, target passes of a few widths (other
   widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up,
   all of them interleaved in each repeat so that they share the machine's load;
