@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import subprocess
 import threading
@@ -154,7 +155,16 @@ def machine(device: str = "cpu") -> dict[str, object]:
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu_info(),
         "bitsandbytes_cpu": bitsandbytes_cpu_backend(),
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages when the record was taken (other work on a shared machine)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def machine_sentence(info: dict[str, object]) -> str:
@@ -165,6 +175,8 @@ def machine_sentence(info: dict[str, object]) -> str:
     line = f"Machine: {info['device_name']}; CPU flags: {present or 'none of ' + ', '.join(CPU_FLAGS)}"
     if bnb.get("installed"):
         line += f"; bitsandbytes 4-bit on the CPU: {bnb['4bit_path']}"
+    if info.get("load_average"):
+        line += f"; load average {info['load_average'][0]:.1f} at the start (other work on the machine)"
     return line + "."
 
 

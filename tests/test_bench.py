@@ -195,6 +195,8 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
         "bitsandbytes_cpu": {"installed": True, "4bit_path": "dequantize, then torch matmul"},
     }
     assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
+    assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
+    assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
 
 
 def test_unknown_contender_is_refused():
