@@ -158,3 +158,14 @@ def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path):
     layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
     assert layers and not any(m.support_avx512bf16_for_cpu for m in layers)
     assert drafter.model is model
+
+
+@pytest.mark.parametrize("reads", [True, False])
+def test_model_candidates_read_the_target_cache_unless_told_not_to(reads):
+    """model.draft.reads_target_cache reaches every model candidate; the n-gram candidate has no cache."""
+    tiny = tiny_model("llama", seed=0, scale=20.0)
+    for name in ("bfloat16", "dynamic_int8"):
+        drafter, _ = load_candidate(name, tiny, "unused", reads_target_cache=reads)
+        assert drafter.reads_target_cache is reads
+    ngram, model = load_candidate("ngram", tiny, "unused", reads_target_cache=reads)
+    assert model is None and not hasattr(ngram, "reads_target_cache")
