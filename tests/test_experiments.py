@@ -17,7 +17,7 @@ from experiments.run import run_experiment
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = [  # the weak pair loads without quantizing: the fastest pair with all three methods
     "model=smollm2_weak",
-    "dataset.n_prompts=2",
+    "dataset.categories=[chat,qa]",  # two short prompts: a long one's prefill and scoring would double the time
     "max_new_tokens=8",
     "warmup_tokens=2",
     "threads=1",
