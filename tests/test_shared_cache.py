@@ -88,3 +88,12 @@ def test_copied_states_are_the_targets_cast_to_the_draft_dtype():
     append_states(mine, theirs, mine.length)  # only the new positions are appended
     assert mine.length == theirs.length
     assert torch.equal(mine.cache.layers[0].keys[..., -2:, :], theirs.cache.layers[0].keys[..., -2:, :].bfloat16())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])  # gpt_neox's config has no head_dim field
+def test_a_draft_of_another_width_is_not_read(arch):
+    """Same architecture and layer count, other hidden size: its attention could not take the target's keys."""
+    target = tiny_model(arch, seed=0)
+    wider = tiny_model(arch, seed=0, hidden_size=64, intermediate_size=128)
+    assert not can_read_cache(CachedLM(wider), CachedLM(target))
+    assert not can_read_cache(CachedLM(tiny_model("gemma", seed=0)), CachedLM(target))  # another architecture
