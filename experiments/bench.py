@@ -9,7 +9,7 @@ max_new_tokens and seeds for all):
   spec_model_shared(_auto)  the same (fixed k / auto), the draft reading the target's KV cache
   spec_model_wide  the same, k = tree nodes (when --nodes differs from --k)
   tree_model       our tree, top-b model branches
-  tree_model_auto  the same, k="auto": depth and nodes per round
+  tree_model_auto  the same, k="auto": depth and nodes per round (tree_model_shared_auto: reading the target's cache)
   spec_ngram       our chain, n-gram drafter, fixed k   hf_lookup            HF prompt lookup, same k
   spec_ngram_auto  the same, k="auto"                   hf_lookup_k2, _k8    HF prompt lookup, other fixed k
   spec_ngram_wide  the same, k = tree nodes             hf_lookup_default    HF prompt lookup at its defaults

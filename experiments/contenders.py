@@ -168,6 +168,13 @@ def model_tree_auto(s: Setting) -> ModelTreeDrafter:
     return ModelTreeDrafter(s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top")
 
 
+def model_tree_shared_auto(s: Setting) -> ModelTreeDrafter:
+    """model_tree_auto with the draft reading the target's KV cache (a copy of the target)."""
+    return ModelTreeDrafter(
+        s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top", reads_target_cache=True
+    )
+
+
 def hybrid_tree(s: Setting) -> HybridTreeDrafter:
     """The n-gram trie and the model tree under one root (2 * s.nodes nodes)."""
     return HybridTreeDrafter(ngram_tree(s), model_tree(s))
@@ -237,6 +244,7 @@ CONTENDERS: dict[str, Contender] = {
     "spec_model_wide": Contender(speculative(model_draft, k=lambda s: s.nodes), "ours", "model"),
     "tree_model": Contender(tree(model_tree), "ours", "model"),
     "tree_model_auto": Contender(tree(model_tree_auto, auto=True), "ours", "model"),
+    "tree_model_shared_auto": Contender(tree(model_tree_shared_auto, auto=True), "ours", "model"),
     "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), "hf", "model"),
     "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), "hf", "model"),
     # n-gram lookup: the same four shapes, and Hugging Face prompt lookup at its defaults and fixed k

@@ -74,8 +74,9 @@ def model_tree(tree: DictConfig, pair: Pair) -> ModelTreeDrafter:
     if pair.draft_model is None:
         raise ConfigError(f"tree={tree.kind} needs a draft model, but this pair loaded none: use tree=ngram")
     return ModelTreeDrafter(
-        pair.draft_model, tuple(tree.branches), depth=tree.depth, nodes=tree.nodes, children=tree.children
-    )
+        pair.draft_model, tuple(tree.branches), depth=tree.depth, nodes=tree.nodes, children=tree.children,
+        reads_target_cache=getattr(pair.drafter, "reads_target_cache", False),  # as the pair's chain drafter
+    )  # fmt: skip
 
 
 def hybrid_tree(tree: DictConfig, pair: Pair) -> HybridTreeDrafter:

@@ -9,14 +9,19 @@ cannot read (sliding windows, other shapes) leaves the draft computing its own s
 
 import pytest
 import torch
+from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
-from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
+from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
 from specdec.cached import CachedLM
 from specdec.drafters import append_states, can_read_cache
+from specdec.exact import sequence_distribution
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.tree import tree_generate
+from specdec.tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 24
+TREE_PROMPT = torch.tensor([[0, 3, 1, 0, 3]])  # 5-token vocabulary (small_vocab_pair)
 
 
 def draft_widths(model) -> list[int]:
@@ -97,3 +102,47 @@ def test_a_draft_of_another_width_is_not_read(arch):
     wider = tiny_model(arch, seed=0, hidden_size=64, intermediate_size=128)
     assert not can_read_cache(CachedLM(wider), CachedLM(target))
     assert not can_read_cache(CachedLM(tiny_model("gemma", seed=0)), CachedLM(target))  # another architecture
+
+
+TREE_DRAFTERS = {
+    "model_tree": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=5, nodes=12, reads_target_cache=True),
+    "chain_adapter": lambda d: ChainTreeDrafter(ModelDrafter(d, reads_target_cache=True), k=4),
+    "hybrid": lambda d: HybridTreeDrafter(
+        NGramTreeDrafter(nodes=4), ModelTreeDrafter(d, branches=(2,), depth=4, reads_target_cache=True)
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("name", TREE_DRAFTERS)
+def test_tree_greedy_output_is_the_targets_with_a_draft_reading_the_target_cache(arch, name):
+    target = tiny_model(arch, seed=0, scale=20.0)
+    expected = autoregressive_generate(target, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW).tokens
+    for k in (None, "auto"):
+        drafter = TREE_DRAFTERS[name](perturbed_copy(target, 0.15))
+        out = tree_generate(target, drafter, PROMPT, k=k, sampling=GREEDY, max_new_tokens=N_NEW)
+        assert torch.equal(out.tokens, expected), (arch, name, k)
+
+
+def test_a_model_tree_reading_the_target_cache_runs_no_prefill():
+    target = tiny_model("llama", seed=0, scale=20.0)
+    draft = perturbed_copy(target, 0.15).to(torch.bfloat16)
+    widths = draft_widths(draft)
+    drafter = ModelTreeDrafter(draft, branches=(2,), depth=4, nodes=8, reads_target_cache=True)
+    out = tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert drafter.states.target is not None and out.stats.accepted > 0
+    assert max(widths) <= 2  # the root's step feeds the last token (and, after a full accept, nothing older)
+
+
+def test_a_model_tree_reading_the_target_cache_keeps_the_target_distribution(small_vocab_pair):
+    target, draft = small_vocab_pair
+    sampling = Sampling(1.0)
+    drafter = ModelTreeDrafter(draft, branches=(3,), depth=2, nodes=8, children="distinct", reads_target_cache=True)
+
+    def generate(g):
+        return tree_generate(target, drafter, TREE_PROMPT, sampling=sampling, max_new_tokens=3, generator=g).tokens
+
+    counts = sample_counts(generate, 5, 3, seed=13)
+    assert drafter.states.target is not None
+    assert chi_square_pvalue(counts, sequence_distribution(target, TREE_PROMPT, 3, sampling)) > PASS
+    assert chi_square_pvalue(counts, sequence_distribution(draft, TREE_PROMPT, 3, sampling)) < REJECT

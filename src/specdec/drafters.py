@@ -7,6 +7,7 @@ the returned q, so a deterministic drafter (n-gram lookup) returns one-hot rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,13 @@ class Draft:
     def empty(cls, vocab_size: int, device: torch.device) -> Draft:
         """No draft: the round is a plain target step."""
         return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device))
+
+
+def share_cache(drafter: object, target: CachedLM) -> None:
+    """Offer the target's cache to a drafter that can read it (a copy of the target built to read it)."""
+    share = getattr(drafter, "share_cache", None)
+    if share is not None:
+        share(target)
 
 
 class Drafter(Protocol):
@@ -71,21 +79,23 @@ class ModelDrafter:
         self.model = model
         self.vocab_size = logits_width(model)
         self.lm = CachedLM(model)
-        self.reads_target_cache = reads_target_cache
-        self.offered: CachedLM | None = None  # the cache the loop handed over for its next start
-        self.target: CachedLM | None = None  # the cache read during the current sequence
-        self.synced = 0  # leading cached positions copied from the target (equal to the target's own)
+        self.states = TargetStates(reads_target_cache)
+
+    @property
+    def reads_target_cache(self) -> bool:
+        return self.states.enabled
+
+    @property
+    def target(self) -> CachedLM | None:
+        """The target cache read during the current sequence (None: the draft computes its own states)."""
+        return self.states.target
 
     def share_cache(self, target: CachedLM) -> None:
-        """Read states from target's cache during the next sequence (if this drafter was built to and can)."""
-        if self.reads_target_cache and can_read_cache(self.lm, target):
-            self.offered = target
+        self.states.offer(self.lm, target)
 
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
-        self.synced = 0
-        self.target, self.offered = self.offered, None
-        if self.target is None:
+        if not self.states.begin():
             self.lm.prefill(prompt)
 
     def propose(
@@ -93,8 +103,7 @@ class ModelDrafter:
     ) -> Draft:
         if k == 0:
             return Draft.empty(vocab_size, sequence.device)
-        if self.target is not None:
-            self.copy_target_states()
+        self.states.copy_into(self.lm, self.lm.crop)
         tokens, rows = [], []
         logits = self.lm.advance(sequence, last_only=True)[-1, :vocab_size]  # (V,)
         for i in range(k):
@@ -106,16 +115,43 @@ class ModelDrafter:
                 logits = self.lm.forward(x_i[None])[-1, :vocab_size]
         return Draft(torch.cat(tokens), torch.stack(rows), forwards=k)  # (k,), (k, V)
 
-    def copy_target_states(self) -> None:
-        """Append the target's states for positions [synced, target.length), cast to the draft's dtype."""
-        assert self.target is not None
-        self.lm.crop(self.synced)
-        append_states(self.lm, self.target, self.synced)
-        self.synced = self.lm.length
-
     def rollback(self, length: int) -> None:
-        self.synced = min(self.synced, length)
+        self.states.synced = min(self.states.synced, length)
         self.lm.crop(min(length, self.lm.length))
+
+
+class TargetStates:
+    """The target's KV cache as a draft model reads it (ModelDrafter, ModelTreeDrafter with reads_target_cache).
+
+    The loop offers its target cache before each sequence (`offer`); `begin` takes the offer for that
+    sequence. Before each proposal `copy_into` makes the draft cache hold the target's states for every
+    position the target has cached (the sequence but its last token), cast to the draft's dtype; positions
+    copied earlier stay (the sequence only grows), the draft's own states for its last proposal are dropped.
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.offered: CachedLM | None = None  # the cache the loop handed over for its next sequence
+        self.target: CachedLM | None = None  # the cache read during the current sequence
+        self.synced = 0  # leading draft-cache positions copied from the target
+
+    def offer(self, draft: CachedLM, target: CachedLM) -> None:
+        """Read target during the next sequence, if enabled and the draft's cache can hold its states."""
+        if self.enabled and can_read_cache(draft, target):
+            self.offered = target
+
+    def begin(self) -> bool:
+        """A new sequence: take the cache offered for it, if any; True if the draft reads it."""
+        self.target, self.offered, self.synced = self.offered, None, 0
+        return self.target is not None
+
+    def copy_into(self, draft: CachedLM, crop: Callable[[int], None]) -> None:
+        """Crop draft (with its own crop) to the copied positions and append the target's newer ones."""
+        if self.target is None:
+            return
+        crop(min(self.synced, draft.length))
+        append_states(draft, self.target, draft.length)
+        self.synced = draft.length
 
 
 def can_read_cache(draft: CachedLM, target: CachedLM) -> bool:

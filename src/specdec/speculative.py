@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from .cached import CachedLM
 from .checks import check_generation_args
 from .cost import CostModel, draft_length_rule
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, share_cache
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet, truncate_at_eos
@@ -36,13 +36,6 @@ def propose(
     if k == 0:
         return Draft.empty(vocab, sequence.device)
     return drafter.propose(sequence, k, sampling, vocab, generator)
-
-
-def share_cache(drafter: Drafter, target: CachedLM) -> None:
-    """Offer the target's cache to a drafter that can read it (a reduced-precision copy of the target)."""
-    share = getattr(drafter, "share_cache", None)
-    if share is not None:
-        share(target)
 
 
 def verify(

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 from .cached import CachedLM
 from .checks import check_generation_args
 from .cost import FixedDraftLength, TreeChoice, TreeCostModel, breadth_first, tree_rule
+from .drafters import share_cache
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .stopping import EosSet, truncate_at_eos
@@ -350,6 +351,7 @@ def tree_generate(
     with stopwatch(stats.seconds, "total", lm.device):
         with stopwatch(stats.seconds, "prefill", lm.device):
             lm.prefill(sequence)
+            share_cache(drafter, lm)
             drafter.start(sequence)
         while stats.emitted < max_new_tokens:
             choice = choose(rule, max_new_tokens - stats.emitted - 1, max_nodes)  # never past the budget

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM, logits_width
-from .drafters import Drafter
+from .drafters import Drafter, TargetStates, share_cache
 from .sampling import Sampling, probabilities, sample
 from .tree import TreeDraft, chain, empty_tree, merge
 from .tree_accept import DETERMINISTIC, DISTINCT, IID
@@ -41,6 +41,9 @@ class ChainTreeDrafter:
         self.k = k
         self.vocab_size = drafter.vocab_size
         self.draft_cost = getattr(drafter, "draft_cost", None)  # k="auto" prices it as the chain drafter
+
+    def share_cache(self, target: CachedLM) -> None:
+        share_cache(self.drafter, target)
 
     def start(self, prompt: torch.Tensor) -> None:
         self.drafter.start(prompt)
@@ -131,6 +134,7 @@ class ModelTreeDrafter:
         depth: int = 4,
         nodes: int = 16,
         children: str = "top",
+        reads_target_cache: bool = False,
     ):
         if children not in CHILDREN:
             raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
@@ -141,11 +145,15 @@ class ModelTreeDrafter:
         self.lm = CachedLM(model)
         self.branches, self.depth, self.nodes, self.mode = tuple(branches), depth, nodes, CHILDREN[children]
         self.fed = torch.zeros(1, 0, dtype=torch.long)  # (1, lm.length) the tokens in the draft cache
+        self.states = TargetStates(reads_target_cache)  # see ModelDrafter: a copy of the target reads its cache
+
+    def share_cache(self, target: CachedLM) -> None:
+        self.states.offer(self.lm, target)
 
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
         self.fed = prompt[:, :0]
-        if prompt.shape[-1] > 1:
+        if not self.states.begin() and prompt.shape[-1] > 1:
             self.feed(prompt[:, :-1], last_only=True)  # prefill all but the last prompt token
 
     def rollback(self, length: int) -> None:
@@ -195,6 +203,9 @@ class ModelTreeDrafter:
         depth = min(self.depth, depth)
         if depth == 0:
             return empty_tree(vocab_size, sequence.device)
+        if self.states.target is not None:
+            self.states.copy_into(self.lm, self.crop)
+            self.fed = sequence[:, : self.lm.length].to(self.fed.device)
         tokens, parents, rows, modes, paths, score = [], [], [], [], {-1: []}, {-1: 0.0}
         frontier, forwards = [-1], 0
         for level in range(min(len(self.branches), depth)):
@@ -248,6 +259,9 @@ class HybridTreeDrafter:
     def __init__(self, ngram: NGramTreeDrafter, model: ModelTreeDrafter):
         self.ngram, self.model = ngram, model
         self.vocab_size = model.vocab_size
+
+    def share_cache(self, target: CachedLM) -> None:
+        self.model.share_cache(target)
 
     def start(self, prompt: torch.Tensor) -> None:
         self.model.start(prompt)
