@@ -14,6 +14,8 @@ from experiments import run as run_module
 from experiments.report import report
 from experiments.run import run_experiment
 
+pytestmark = pytest.mark.slow  # every test loads the offline pair: start them early (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = [  # the weak pair loads without quantizing: the fastest pair with all three methods
     "model=smollm2_weak",

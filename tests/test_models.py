@@ -43,15 +43,23 @@ def test_offline_asset_is_cached_and_checked():
     assert (path / "model.safetensors").exists()
 
 
+@pytest.fixture(scope="module")
+def colours(smollm2):
+    """A prompt (1, L) and the target's greedy continuation of it (16,), shared by the quantized copies."""
+    target, tokenizer, _ = smollm2
+    ids = encode_prompt(tokenizer, "Name three primary colours.")
+    return ids, autoregressive_generate(target, ids, sampling=GREEDY, max_new_tokens=16).tokens
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["int8", "nf4", "fp4"])
-def test_quantized_copy_is_a_usable_draft(smollm2, quantization):
-    target, tokenizer, _ = smollm2
+def test_quantized_copy_is_a_usable_draft(smollm2, colours, quantization):
+    target, _, _ = smollm2
+    ids, reference = colours
     compute = None if quantization == "int8" else "bfloat16"
     draft = load_model("offline:smollm2-135m-instruct", quantization=quantization, compute_dtype=compute)
-    ids = encode_prompt(tokenizer, "Name three primary colours.")
     out = speculative_generate(target, ModelDrafter(draft), ids, k=3, sampling=GREEDY, max_new_tokens=16)
-    assert torch.equal(out.tokens, autoregressive_generate(target, ids, sampling=GREEDY, max_new_tokens=16).tokens)
+    assert torch.equal(out.tokens, reference)
     assert out.stats.accepted > 0  # the quantized copy does agree with its original on some tokens
 
 
