@@ -103,7 +103,8 @@ def test_issue_9_keys_name_their_contenders(result):
     assert set(costs["pass_ms_by_width"]) == {1, 2, 3, 4, 5, 7}
     assert costs["pass_cost_by_width"][1] == 1.0 and costs["target_step_ms"] == costs["pass_ms_by_width"][1]
     # k="auto": the cost model's predicted rate next to the measured one, and the chosen k
-    auto = {"spec_model_auto", "spec_ngram_auto", "tree_model_auto", "tree_ngram_auto"}
+    auto = {"spec_model_auto", "spec_ngram_auto", "tree_model_auto", "tree_ngram_auto", "spec_model_shared_auto",
+            "tree_model_shared_auto"}  # fmt: skip
     assert {"spec_model_auto", "spec_ngram_auto"} <= set(result["cost_model"]) <= auto
     for entry in result["cost_model"].values():
         assert entry["predicted_tokens_per_second"] > 0 and entry["measured_tokens_per_second"] > 0

@@ -16,7 +16,7 @@ from experiments.pair import offline_pairs, pair_key, warn_if_gated
 from experiments.prompts import load_prompts
 from experiments.run import longest_draft, tree_depth_rule, tree_drafter
 from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
-from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from specdec import HybridTreeDrafter, ModelDrafter, ModelTreeDrafter, NGramTreeDrafter
 from specdec.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,10 +195,12 @@ def test_k_auto_with_a_tree_chooses_its_depth(make_cfg) -> None:
 
 
 class FakePair:
-    """What run.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair)."""
+    """What run.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair) and whether
+    its chain drafter reads the target's KV cache (a copy of the target)."""
 
-    def __init__(self, draft_model):
+    def __init__(self, draft_model, reads_target_cache: bool = False):
         self.draft_model = draft_model
+        self.drafter = ModelDrafter(draft_model, reads_target_cache) if draft_model is not None else None
 
 
 def test_tree_drafters_are_built_from_the_config(make_cfg) -> None:
@@ -211,6 +213,9 @@ def test_tree_drafters_are_built_from_the_config(make_cfg) -> None:
     assert (model.branches, model.depth, model.nodes) == ((3, 2), 4, 8)
     hybrid = tree_drafter(make_cfg("tree=hybrid").tree, draft)
     assert isinstance(hybrid, HybridTreeDrafter) and hybrid.ngram.nodes == hybrid.model.nodes == 6
+    assert not model.states.enabled  # as the pair's chain drafter
+    copy = FakePair(tiny_model("llama", seed=1), reads_target_cache=True)
+    assert tree_drafter(make_cfg("tree=model").tree, copy).states.enabled
     with pytest.raises(ConfigError, match="needs a draft model"):
         tree_drafter(make_cfg("tree=model").tree, FakePair(None))
 
