@@ -6,9 +6,10 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from specdec.models import (
     load_model,
     load_tokenizer,
 )
+from specdec.timing import ThreadChoice, choose_threads
 
 from .records import cell, markdown_table, write_json
 from .schema import AUTO, DraftKind
@@ -49,6 +51,7 @@ class Pair:
     target_quantization: str
     draft_quantization: str  # for model.draft.kind=calibrated: the chosen candidate's name
     calibration: Calibration | None = None  # model.draft.kind=calibrated: every candidate measured, and why
+    threads: ThreadChoice | None = None  # threads=auto: the torch thread count measured fastest, and its probes
 
     @property
     def eos_token_id(self) -> list[int]:
@@ -199,8 +202,11 @@ def load_pair(cfg: DictConfig) -> Pair:
     target_quantization = quantization_of(cfg, "target")
     target = load(spec.target.name, cfg, target_quantization, cfg.quantization.compute_dtype)
     tokenizer = tokenizer_of(spec.target.name)
+    threads = choose_threads_for(cfg, target, tokenizer)  # before any timing: calibration measures with them
     if calibrated:
-        return calibrated_pair(cfg, target, tokenizer, target_quantization)
+        pair = calibrated_pair(cfg, target, tokenizer, target_quantization)
+        pair.threads = threads
+        return pair
     draft_model, draft_tokenizer = LOAD_DRAFT[DraftKind(spec.draft.kind)](cfg, target, tokenizer)
     if draft_model is None:
         drafter: Drafter = NGramDrafter(max_ngram=spec.draft.max_ngram, min_ngram=spec.draft.min_ngram)
@@ -208,7 +214,30 @@ def load_pair(cfg: DictConfig) -> Pair:
         copy = DraftKind(spec.draft.kind) == DraftKind.QUANTIZED_COPY
         drafter = ModelDrafter(draft_model, reads_target_cache=copy and spec.draft.reads_target_cache)
     return Pair(
-        target, tokenizer, drafter, draft_model, draft_tokenizer, target_quantization, draft_quantization(cfg)
+        target, tokenizer, drafter, draft_model, draft_tokenizer, target_quantization, draft_quantization(cfg),
+        threads=threads,
+    )  # fmt: skip
+
+
+def choose_threads_for(
+    cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> ThreadChoice | None:
+    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever decodes fastest here and now
+    (one target step plus one verification pass of width k + 1, or 5 for k=auto); None otherwise."""
+    if cfg.threads != AUTO or not str(cfg.device).startswith("cpu"):
+        return None
+    cores = os.cpu_count() or 1
+    counts = [2**i for i in range(cores.bit_length()) if 2**i <= cores]
+    ids = encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=cfg.dataset.chat)
+    return choose_threads(target, ids, counts, width=5 if cfg.k == AUTO else cfg.k + 1)
+
+
+def threads_markdown(choice: ThreadChoice) -> str:
+    """One line: the thread count threads=auto chose and what each count measured."""
+    probes = ", ".join(f"{n}: {ms:.1f}" for n, ms in choice.probe_ms.items())
+    return (
+        f"Torch threads: threads=auto chose {choice.threads} (median ms of one target step plus one "
+        f"{choice.width}-token pass, by thread count: {probes}; interleaved, under this machine's load).\n"
     )
 
 
@@ -261,7 +290,11 @@ def calibration_markdown(calibration: Calibration) -> str:
 
 
 def write_calibration(run_dir: Path, pair: Pair) -> None:
-    """calibration.md and calibration.json in the run folder, when the pair's draft was calibrated."""
+    """threads.md / .json when threads=auto chose the thread count; calibration.md / .json in the run folder,
+    when the pair's draft was calibrated."""
+    if pair.threads is not None:
+        (run_dir / "threads.md").write_text(threads_markdown(pair.threads))
+        write_json(run_dir / "threads.json", asdict(pair.threads))
     if pair.calibration is None:
         return
     (run_dir / "calibration.md").write_text(calibration_markdown(pair.calibration))

@@ -270,8 +270,9 @@ def write_summary(
         f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
         f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
-    calibration = run_dir / "calibration.md"  # which draft model.draft.kind=calibrated chose, and why
-    text += f"\n{calibration.read_text()}" if calibration.exists() else ""
+    for name in ("threads.md", "calibration.md"):  # threads=auto's choice; the calibrated draft's, and why
+        chosen = run_dir / name
+        text += f"\n{chosen.read_text()}" if chosen.exists() else ""
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
@@ -281,8 +282,9 @@ def write_summary(
         "prompts_done": done,
         "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
     }
-    if calibration.exists():
-        summary["calibration"] = json.loads((run_dir / "calibration.json").read_text())
+    for name in ("threads", "calibration"):
+        if (run_dir / f"{name}.json").exists():
+            summary[name] = json.loads((run_dir / f"{name}.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text
 
@@ -318,7 +320,7 @@ def interrupt_on_sigterm() -> None:
 def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> pd.DataFrame | None:
     """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table."""
     validate(cfg)
-    if cfg.get("threads"):
+    if cfg.get("threads") and cfg.threads != AUTO:  # auto: measured once the target is loaded (pair.py)
         torch.set_num_threads(cfg.threads)
     sampling, methods = sampling_of(cfg), methods_of(cfg)
     prompts = load_prompts(cfg.dataset)

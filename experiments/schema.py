@@ -212,7 +212,7 @@ class RunConfig:
     seed: Any = integer(0)
     device: Any = MISSING  # cpu, cuda or cuda:N: checked by settings.check_device
     dtype: Any = choice(DTYPE_CHOICES)
-    threads: Any = integer(1, default=None, optional=True)
+    threads: Any = integer(1, default=None, optional=True, also=(AUTO,))  # auto: specdec.timing.choose_threads
 
 
 ConfigStore.instance().store(name="run_schema", node=RunConfig)

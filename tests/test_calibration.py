@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from experiments.pair import calibration_markdown, candidate_names
+from experiments.pair import calibration_markdown, candidate_names, choose_threads_for, threads_markdown
 from experiments.settings import ConfigError, validate
 from specdec.calibration import (
     Timings,
@@ -18,6 +18,7 @@ from specdec.calibration import (
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.metrics import expected_tokens_per_pass, walltime_improvement
 from specdec.models import bfloat16_copy
+from specdec.timing import ThreadChoice, choose_threads
 from specdec.tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]])
@@ -169,3 +170,29 @@ def test_model_candidates_read_the_target_cache_unless_told_not_to(reads):
         assert drafter.reads_target_cache is reads
     ngram, model = load_candidate("ngram", tiny, "unused", reads_target_cache=reads)
     assert model is None and not hasattr(ngram, "reads_target_cache")
+
+
+def test_choose_threads_times_every_count_and_sets_the_fastest():
+    tiny = tiny_model("llama", seed=0)
+    previous = torch.get_num_threads()
+    try:
+        choice = choose_threads(tiny, torch.tensor([[1, 2, 3, 4, 5, 6]]), [1, 2], width=3, repeats=2)
+        assert set(choice.probe_ms) == {1, 2} and all(ms > 0 for ms in choice.probe_ms.values())
+        assert choice.threads == min([1, 2], key=lambda n: (choice.probe_ms[n], n))
+        assert torch.get_num_threads() == choice.threads and choice.width == 3
+    finally:
+        torch.set_num_threads(previous)
+    for bad in ([], [0, 1]):
+        with pytest.raises(ValueError, match="thread counts"):
+            choose_threads(tiny, torch.tensor([[1, 2]]), bad)
+
+
+def test_threads_auto_is_a_setting_measured_only_on_the_cpu(make_cfg):
+    validate(make_cfg("threads=auto"))
+    with pytest.raises(ConfigError, match="threads"):
+        validate(make_cfg("threads=many"))
+    tiny = tiny_model("llama", seed=0)
+    assert choose_threads_for(make_cfg("threads=1"), tiny, None) is None  # no measurement, no tokenizer needed
+    assert choose_threads_for(make_cfg("threads=auto", "device=cuda"), tiny, None) is None
+    line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5))
+    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -54,3 +55,35 @@ def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repe
         samples.append(seconds["step"])
         lm.crop(length)
     return 1000 * statistics.median(samples[warmup:])
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The torch CPU thread count with the cheapest probe, and every count's probe time."""
+
+    threads: int
+    probe_ms: dict[int, float]  # thread count -> median ms of one target step plus one pass over `width` tokens
+    width: int
+
+
+@torch.inference_mode()
+def choose_threads(
+    model: PreTrainedModel, prefix: torch.Tensor, counts: Sequence[int], width: int = 5, repeats: int = 3
+) -> ThreadChoice:
+    """Time the work of decoding (one one-token step and one pass over width tokens after prefix (1, L)) with
+    each torch thread count, interleaved so that all see the same machine load; set and return the fastest.
+
+    On a quiet multi-core CPU more threads can help (a bf16 or wide pass is compute-bound); on a busy one
+    they oversubscribe the cores and collapse. Ties go to fewer threads.
+    """
+    if not counts or min(counts) < 1:
+        raise ValueError(f"thread counts must be >= 1, got {list(counts)}")
+    samples: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(repeats):
+        for n in counts:
+            torch.set_num_threads(n)
+            samples[n].append(forward_ms(model, prefix, 1, repeats=1) + forward_ms(model, prefix, width, repeats=1))
+    probe = {n: statistics.median(v) for n, v in samples.items()}
+    best = min(counts, key=lambda n: (probe[n], n))
+    torch.set_num_threads(best)
+    return ThreadChoice(best, probe, width)
