@@ -13,11 +13,13 @@ from specdec.calibration import (
     calibrate,
     check_candidates,
     load_candidate,
+    measure_alpha,
     predicted_speedup,
 )
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.metrics import expected_tokens_per_pass, walltime_improvement
 from specdec.models import bfloat16_copy
+from specdec.speculative import speculative_generate
 from specdec.timing import ThreadChoice, choose_threads
 from specdec.tiny import tiny_model
 
@@ -196,3 +198,14 @@ def test_threads_auto_is_a_setting_measured_only_on_the_cpu(make_cfg):
     assert choose_threads_for(make_cfg("threads=auto", "device=cuda"), tiny, None) is None
     line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5))
     assert "chose 2" in line and "1: 271.0, 2: 250.5" in line
+
+
+def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():
+    """The draft is the target itself: every token is accepted, so alpha is 1 whatever the budget; tokens per
+    pass would say less, since the last rounds draft fewer than probe_k tokens to stay within the budget."""
+    tiny = tiny_model("llama", seed=0, scale=20.0)
+    ids = torch.tensor([[1, 2, 3]])
+    assert measure_alpha(tiny, ModelDrafter(tiny), ids, probe_k=4, max_new_tokens=7) == pytest.approx(1.0)
+    out = speculative_generate(tiny, ModelDrafter(tiny), ids, k=4, max_new_tokens=7)
+    per_pass = (out.stats.accepted + out.stats.target_forwards) / out.stats.target_forwards
+    assert alpha_from_tokens_per_pass(per_pass, 4) < 0.95

@@ -19,8 +19,9 @@ The model candidates are copies of the target and, by default, draft from the ta
 - timings: one-token steps of the target and of every draft model, target passes of a few widths (other
   widths read off a line through them, as specdec.cost does), one lookup call; medians after a warm-up,
   all of them interleaved in each repeat so that they share the machine's load;
-- alpha: a short speculative_generate at k = probe_k per candidate; alpha is the value for which Eq. 1
-  gives the measured tokens per target pass (a lookup that finds nothing counts as a rejection).
+- alpha: a short speculative_generate at k = probe_k per candidate; for a draft model the mean of
+  sum_x min(p, q) over the positions on the output path (Leviathan's definition of alpha); for a lookup
+  the value for which Eq. 1 gives the measured tokens per target pass (finding nothing counts as a rejection).
   Candidates are probed in the order of their speedup at alpha = 1 (an upper bound); one whose bound is
   below the best probed speedup cannot win and is not probed (a slow draft costs most to probe).
 Both can be injected (`timings=`, `alphas=`), which makes the choice reproducible in tests.
@@ -187,6 +188,10 @@ def measure_alpha(
         eos_token_id=eos_token_id, generator=torch.Generator(device=ids.device).manual_seed(seed),
     )  # fmt: skip
     stats = out.stats
+    if drafter.draft_cost == "per_token" and stats.overlap_count:
+        # a draft model: Leviathan's alpha = E[sum_x min(p, q)] over the positions on the output path. Not
+        # from tokens per pass, which the last rounds' shorter drafts (never past the budget) pull down
+        return stats.alpha
     per_pass = (stats.accepted + stats.target_forwards) / stats.target_forwards  # before EOS truncation
     return alpha_from_tokens_per_pass(per_pass, probe_k)
 
