@@ -222,8 +222,8 @@ def load_pair(cfg: DictConfig) -> Pair:
 def choose_threads_for(
     cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> ThreadChoice | None:
-    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever decodes fastest here and now
-    (one target step plus one verification pass of width k + 1, or 5 for k=auto); None otherwise."""
+    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever is fastest here and now (one target
+    step, one verification pass of width k + 1 (5 for k=auto) and one prompt pass); None otherwise."""
     if cfg.threads != AUTO or not str(cfg.device).startswith("cpu"):
         return None
     cores = os.cpu_count() or 1
@@ -236,8 +236,9 @@ def threads_markdown(choice: ThreadChoice) -> str:
     """One line: the thread count threads=auto chose and what each count measured."""
     probes = ", ".join(f"{n}: {ms:.1f}" for n, ms in choice.probe_ms.items())
     return (
-        f"Torch threads: threads=auto chose {choice.threads} (median ms of one target step plus one "
-        f"{choice.width}-token pass, by thread count: {probes}; interleaved, under this machine's load).\n"
+        f"Torch threads: threads=auto chose {choice.threads} (median ms of one target step, one "
+        f"{choice.width}-token pass and one {choice.prompt_tokens}-token prompt pass, by thread count: {probes}; "
+        "interleaved, under this machine's load).\n"
     )
 
 

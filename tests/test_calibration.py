@@ -181,7 +181,7 @@ def test_choose_threads_times_every_count_and_sets_the_fastest():
         choice = choose_threads(tiny, torch.tensor([[1, 2, 3, 4, 5, 6]]), [1, 2], width=3, repeats=2)
         assert set(choice.probe_ms) == {1, 2} and all(ms > 0 for ms in choice.probe_ms.values())
         assert choice.threads == min([1, 2], key=lambda n: (choice.probe_ms[n], n))
-        assert torch.get_num_threads() == choice.threads and choice.width == 3
+        assert torch.get_num_threads() == choice.threads and (choice.width, choice.prompt_tokens) == (3, 6)
     finally:
         torch.set_num_threads(previous)
     for bad in ([], [0, 1]):
@@ -196,8 +196,8 @@ def test_threads_auto_is_a_setting_measured_only_on_the_cpu(make_cfg):
     tiny = tiny_model("llama", seed=0)
     assert choose_threads_for(make_cfg("threads=1"), tiny, None) is None  # no measurement, no tokenizer needed
     assert choose_threads_for(make_cfg("threads=auto", "device=cuda"), tiny, None) is None
-    line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5))
-    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line
+    line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5, 17))
+    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line and "17-token prompt" in line
 
 
 def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():

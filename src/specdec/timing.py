@@ -62,19 +62,22 @@ class ThreadChoice:
     """The torch CPU thread count with the cheapest probe, and every count's probe time."""
 
     threads: int
-    probe_ms: dict[int, float]  # thread count -> median ms of one target step plus one pass over `width` tokens
+    probe_ms: dict[int, float]  # thread count -> median ms of a step, a pass over `width` tokens and a prompt pass
     width: int
+    prompt_tokens: int
 
 
 @torch.inference_mode()
 def choose_threads(
     model: PreTrainedModel, prefix: torch.Tensor, counts: Sequence[int], width: int = 5, repeats: int = 3
 ) -> ThreadChoice:
-    """Time the work of decoding (one one-token step and one pass over width tokens after prefix (1, L)) with
-    each torch thread count, interleaved so that all see the same machine load; set and return the fastest.
+    """Time the kinds of work a generation does with each torch thread count, interleaved so that all see
+    the same machine load; set and return the fastest. The probe: one one-token step and one pass over
+    width tokens after prefix (1, L), and one pass over the whole prefix (a prompt, or scoring an output).
 
-    On a quiet multi-core CPU more threads can help (a bf16 or wide pass is compute-bound); on a busy one
-    they oversubscribe the cores and collapse. Ties go to fewer threads.
+    A one-token step is memory-bound and gains little from threads; wide passes (and a bf16 draft's steps on
+    CPUs without bf16 kernels) are compute-bound and gain on a quiet CPU. On a busy CPU more threads
+    oversubscribe the cores and everything slows down. Ties go to fewer threads.
     """
     if not counts or min(counts) < 1:
         raise ValueError(f"thread counts must be >= 1, got {list(counts)}")
@@ -82,8 +85,18 @@ def choose_threads(
     for _ in range(repeats):
         for n in counts:
             torch.set_num_threads(n)
-            samples[n].append(forward_ms(model, prefix, 1, repeats=1) + forward_ms(model, prefix, width, repeats=1))
+            decode = forward_ms(model, prefix, 1, repeats=1) + forward_ms(model, prefix, width, repeats=1)
+            samples[n].append(decode + prefill_ms(model, prefix))
     probe = {n: statistics.median(v) for n, v in samples.items()}
     best = min(counts, key=lambda n: (probe[n], n))
     torch.set_num_threads(best)
-    return ThreadChoice(best, probe, width)
+    return ThreadChoice(best, probe, width, prefix.shape[-1])
+
+
+@torch.inference_mode()
+def prefill_ms(model: PreTrainedModel, prefix: torch.Tensor) -> float:
+    """Milliseconds of one uncached pass over prefix (1, L)."""
+    seconds: dict[str, float] = {}
+    with stopwatch(seconds, "pass", prefix.device):
+        CachedLM(model).forward(prefix, last_only=True)
+    return 1000 * seconds["pass"]
