@@ -31,12 +31,8 @@ from tqdm import tqdm
 
 from specdec import (
     Generation,
-    HybridTreeDrafter,
-    ModelTreeDrafter,
-    NGramTreeDrafter,
     Sampling,
     Stats,
-    TreeDrafter,
     autoregressive_generate,
     draft_then_score,
     speculative_generate,
@@ -45,14 +41,15 @@ from specdec import (
 from specdec.models import encode_prompt
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 
+from .drafting import chain_k, longest_draft, tree_depth_rule, tree_drafter, uses_tree
 from .figures import run_figures
 from .logger import make_logger
 from .pair import Pair, load_pair_once, write_calibration
 from .prompts import Prompt, load_prompts
-from .records import machine, machine_sentence, peak_memory, strict_json, write_json
-from .schema import AUTO, TreeKind
+from .records import machine, peak_memory, strict_json, write_json
+from .schema import AUTO
 from .settings import ConfigError, methods_of, sampling_of, validate
-from .summary import mean, method_markdown, method_table, naive_sentence, rounds_markdown, run_metrics
+from .summary import mean, method_table, naive_sentence, run_metrics, write_summary
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
@@ -61,54 +58,6 @@ logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
     "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "tree_nodes", "tree_depths",
 )  # fmt: skip
-
-
-def ngram_tree(tree: DictConfig, pair: Pair) -> NGramTreeDrafter:
-    return NGramTreeDrafter(
-        tree.max_ngram, tree.min_ngram, matches=tree.matches, depth=tree.depth, nodes=tree.nodes
-    )
-
-
-def model_tree(tree: DictConfig, pair: Pair) -> ModelTreeDrafter:
-    """The pair's draft model branching (settings.check_tree refuses n-gram pairs before loading)."""
-    if pair.draft_model is None:
-        raise ConfigError(f"tree={tree.kind} needs a draft model, but this pair loaded none: use tree=ngram")
-    return ModelTreeDrafter(
-        pair.draft_model, tuple(tree.branches), depth=tree.depth, nodes=tree.nodes, children=tree.children,
-        reads_target_cache=getattr(pair.drafter, "reads_target_cache", False),  # as the pair's chain drafter
-    )  # fmt: skip
-
-
-def hybrid_tree(tree: DictConfig, pair: Pair) -> HybridTreeDrafter:
-    return HybridTreeDrafter(ngram_tree(tree, pair), model_tree(tree, pair))
-
-
-TREE_DRAFTERS = {TreeKind.NGRAM: ngram_tree, TreeKind.MODEL: model_tree, TreeKind.HYBRID: hybrid_tree}
-
-
-def tree_drafter(tree: DictConfig, pair: Pair) -> TreeDrafter:
-    """A fresh tree drafter of the kind tree.kind names (not none), built from the pair's draft model."""
-    return TREE_DRAFTERS[TreeKind(tree.kind)](tree, pair)
-
-
-def uses_tree(cfg: DictConfig) -> bool:
-    return cfg.tree.kind != TreeKind.NONE
-
-
-def chain_k(cfg: DictConfig) -> int | None:
-    """The fixed draft length of a chain (what Thm 3.8 is checked at); None for k=auto and trees."""
-    return None if uses_tree(cfg) or cfg.k == AUTO else cfg.k
-
-
-def longest_draft(cfg: DictConfig) -> int:
-    """The longest draft a round may verify: k_max for k=auto, else the tree's depth or k."""
-    return cfg.k_max if cfg.k == AUTO else cfg.tree.depth if uses_tree(cfg) else cfg.k
-
-
-def tree_depth_rule(cfg: DictConfig) -> int | str:
-    """tree_generate's k: "auto" (depth <= k_max and node budget <= tree.max_nodes chosen each round by a
-    cost model), else the tree's own depth (an integer k sets chains only)."""
-    return AUTO if cfg.k == AUTO else cfg.tree.depth
 
 
 def generate(
@@ -243,50 +192,6 @@ def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
     text = {p.id: p.text for p in prompts}
     table.insert(0, "prompt", [text[i] for i in table.index])
     return table.reset_index()
-
-
-def write_summary(
-    run_dir: Path,
-    keys: dict,
-    table: pd.DataFrame,
-    metrics: dict,
-    histograms: dict[str, list[int]],
-    sentence: str,
-    done: int,
-) -> str:
-    """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
-    theory = ""
-    if "c" in metrics:
-        theory = (
-            f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
-            f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
-            f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
-            f"{metrics['verify_cost']:.2f} target decode steps here (the theory assumes 1).\n\n"
-        )
-    settings = ", ".join(f"{key}={value}" for key, value in keys.items())
-    table_text = method_markdown(table)
-    env = json.loads((run_dir / "environment.json").read_text())
-    text = (
-        f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
-        f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
-    )
-    for name in ("threads.md", "calibration.md"):  # threads=auto's choice; the calibrated draft's, and why
-        chosen = run_dir / name
-        text += f"\n{chosen.read_text()}" if chosen.exists() else ""
-    (run_dir / "summary.md").write_text(text)
-    table.to_csv(run_dir / "summary.csv")
-    summary = {
-        "config": keys,
-        "metrics": {k: strict_json(v) for k, v in metrics.items()},
-        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
-        "prompts_done": done,
-        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
-    }
-    for name in ("threads", "calibration"):
-        if (run_dir / f"{name}.json").exists():
-            summary[name] = json.loads((run_dir / f"{name}.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return text
 
 
 def summarize(

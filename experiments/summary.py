@@ -1,4 +1,4 @@
-"""Per-prompt rows -> per-method table, run metrics with stable names, and the theory they meet.
+"""Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, and summary.md.
 
 Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
 tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
@@ -9,13 +9,15 @@ which also predicts E(k) tokens in C(k) seconds for the rounds after its warm-up
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from specdec.metrics import optimal_k, walltime_improvement
 
-from .records import cell, markdown_table
+from .records import cell, machine_sentence, markdown_table, strict_json
 
 BASELINE = "autoregressive"
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
@@ -243,3 +245,47 @@ def method_markdown(table: pd.DataFrame) -> str:
         for method, row in table.iterrows()
     ]
     return markdown_table(["method", *columns], rows)
+
+
+def write_summary(
+    run_dir: Path,
+    keys: dict,
+    table: pd.DataFrame,
+    metrics: dict,
+    histograms: dict[str, list[int]],
+    sentence: str,
+    done: int,
+) -> str:
+    """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
+    theory = ""
+    if "c" in metrics:
+        theory = (
+            f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
+            f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
+            f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
+            f"{metrics['verify_cost']:.2f} target decode steps here (the theory assumes 1).\n\n"
+        )
+    settings = ", ".join(f"{key}={value}" for key, value in keys.items())
+    table_text = method_markdown(table)
+    env = json.loads((run_dir / "environment.json").read_text())
+    text = (
+        f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
+        f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
+    )
+    for name in ("threads.md", "calibration.md"):  # threads=auto's choice; the calibrated draft's, and why
+        chosen = run_dir / name
+        text += f"\n{chosen.read_text()}" if chosen.exists() else ""
+    (run_dir / "summary.md").write_text(text)
+    table.to_csv(run_dir / "summary.csv")
+    summary = {
+        "config": keys,
+        "metrics": {k: strict_json(v) for k, v in metrics.items()},
+        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
+        "prompts_done": done,
+        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
+    }
+    for name in ("threads", "calibration"):
+        if (run_dir / f"{name}.json").exists():
+            summary[name] = json.loads((run_dir / f"{name}.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return text

@@ -12,9 +12,9 @@ import pytest
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
+from experiments.drafting import longest_draft, tree_depth_rule, tree_drafter
 from experiments.pair import offline_pairs, pair_key, warn_if_gated
 from experiments.prompts import load_prompts
-from experiments.run import longest_draft, tree_depth_rule, tree_drafter
 from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
 from specdec import HybridTreeDrafter, ModelDrafter, ModelTreeDrafter, NGramTreeDrafter
 from specdec.tiny import tiny_model
@@ -195,7 +195,7 @@ def test_k_auto_with_a_tree_chooses_its_depth(make_cfg) -> None:
 
 
 class FakePair:
-    """What run.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair) and whether
+    """What drafting.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair) and whether
     its chain drafter reads the target's KV cache (a copy of the target)."""
 
     def __init__(self, draft_model, reads_target_cache: bool = False):
