@@ -21,7 +21,6 @@ from specdec.drafters import Drafter, ModelDrafter, NGramDrafter
 from specdec.models import (
     check_tokenizers,
     encode_prompt,
-    force_unfused_4bit,
     layer_truncated_copy,
     load_model,
     load_tokenizer,
@@ -100,12 +99,15 @@ def offline_hint() -> Iterator[None]:
         raise OSError(f"{e}\nOffline model pairs (no network needed): {', '.join(offline_pairs())}") from e
 
 
-def load(name: str, cfg: DictConfig, quantization: str, compute_dtype: str | None) -> PreTrainedModel:
+def load(
+    name: str, cfg: DictConfig, quantization: str, compute_dtype: str | None, fused_4bit: bool = True
+) -> PreTrainedModel:
     """load_model with the run's device and dtype."""
     with offline_hint():
         return load_model(
-            name, dtype=cfg.dtype, device=cfg.device, quantization=quantization, compute_dtype=compute_dtype
-        )
+            name, dtype=cfg.dtype, device=cfg.device, quantization=quantization, compute_dtype=compute_dtype,
+            fused_4bit=fused_4bit,
+        )  # fmt: skip
 
 
 def tokenizer_of(name: str) -> PreTrainedTokenizerBase:
@@ -134,10 +136,8 @@ def truncated_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrain
 
 
 def quantized_copy(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:
-    model = load(cfg.model.target.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg))
-    if not cfg.model.draft.fused_4bit and draft_quantization(cfg) in ("nf4", "fp4"):
-        force_unfused_4bit(model)  # stands in for a CPU without AVX512-BF16
-    return model, tokenizer
+    fused = cfg.model.draft.fused_4bit  # false: stands in for a CPU without AVX512-BF16
+    return load(cfg.model.target.name, cfg, draft_quantization(cfg), draft_compute_dtype(cfg), fused), tokenizer
 
 
 def second_model(cfg: DictConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Loaded:

@@ -42,7 +42,7 @@ from .cached import CachedLM, logits_width
 from .cost import CostModel
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import expected_tokens_per_pass
-from .models import bfloat16_copy, dynamic_int8_copy, force_unfused_4bit, load_model
+from .models import bfloat16_copy, dynamic_int8_copy, load_model
 from .sampling import GREEDY, Sampling
 from .speculative import speculative_generate
 from .timing import stopwatch
@@ -88,9 +88,9 @@ def load_candidate(
     elif name == "dynamic_int8":
         model = dynamic_int8_copy(target)
     else:
-        model = load_model(target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16")
-        if name == "nf4" and not fused_4bit:
-            force_unfused_4bit(model)
+        model = load_model(
+            target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16", fused_4bit=fused_4bit
+        )
     return ModelDrafter(model, reads_target_cache=reads_target_cache), model
 
 

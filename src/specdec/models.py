@@ -207,9 +207,14 @@ def load_model(
     device: str = "cpu",
     quantization: str = "none",
     compute_dtype: str | None = None,
+    fused_4bit: bool = True,
 ) -> PreTrainedModel:
     """A causal LM in eval mode: hub id, local folder or offline asset; optionally quantized
-    (bitsandbytes int8 / nf4 / fp4, or torch's dynamic_int8 on the CPU)."""
+    (bitsandbytes int8 / nf4 / fp4, or torch's dynamic_int8 on the CPU).
+
+    fused_4bit=False: a 4-bit model takes bitsandbytes' non-fused CPU path even where the fused kernel exists
+    (force_unfused_4bit), standing in for a CPU without AVX512-BF16.
+    """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
     if quantization == "dynamic_int8" and device != "cpu":
@@ -226,6 +231,8 @@ def load_model(
             "(`hf auth login` or HF_TOKEN). Without network, use the offline asset "
             f"{sorted(OFFLINE_ASSETS)} (e.g. `python -m experiments.run model=smollm2`)."
         ) from e
+    if quantization in ("nf4", "fp4") and not fused_4bit:
+        force_unfused_4bit(model)  # before its first forward, which would repack the weights for the fused kernel
     return dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
 
 
