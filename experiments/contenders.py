@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -136,13 +137,10 @@ def tree(
     return generate
 
 
-def model_draft(s: Setting) -> ModelDrafter:
-    return ModelDrafter(s.draft)
-
-
-def shared_cache_draft(s: Setting) -> ModelDrafter:
-    """The draft model reading the target's KV cache (a copy of the target; otherwise it keeps its own)."""
-    return ModelDrafter(s.draft, reads_target_cache=True)
+def model_draft(s: Setting, reads_target_cache: bool = False) -> ModelDrafter:
+    """The draft model; reads_target_cache: reading the target's KV cache (a copy of the target; otherwise it
+    keeps its own)."""
+    return ModelDrafter(s.draft, reads_target_cache=reads_target_cache)
 
 
 def ngram_draft(s: Setting) -> NGramDrafter:
@@ -164,15 +162,11 @@ def ngram_tree_auto(s: Setting) -> NGramTreeDrafter:
     return NGramTreeDrafter(max_ngram=s.max_ngram, min_ngram=s.min_ngram, depth=s.k_max, nodes=s.auto_nodes)
 
 
-def model_tree_auto(s: Setting) -> ModelTreeDrafter:
-    return ModelTreeDrafter(s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top")
-
-
-def model_tree_shared_auto(s: Setting) -> ModelTreeDrafter:
-    """model_tree_auto with the draft reading the target's KV cache (a copy of the target)."""
+def model_tree_auto(s: Setting, reads_target_cache: bool = False) -> ModelTreeDrafter:
     return ModelTreeDrafter(
-        s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top", reads_target_cache=True
-    )
+        s.draft, branches=s.branches, depth=s.k_max, nodes=s.auto_nodes, children="top",
+        reads_target_cache=reads_target_cache,
+    )  # fmt: skip
 
 
 def hybrid_tree(s: Setting) -> HybridTreeDrafter:
@@ -239,12 +233,16 @@ CONTENDERS: dict[str, Contender] = {
     # the draft model: chains at k, at k="auto" and at the width of a tree; a top-b tree
     "spec_model": Contender(speculative(model_draft), "ours", "model"),
     "spec_model_auto": Contender(speculative(model_draft, k=lambda s: "auto"), "ours", "model"),
-    "spec_model_shared": Contender(speculative(shared_cache_draft), "ours", "model"),
-    "spec_model_shared_auto": Contender(speculative(shared_cache_draft, k=lambda s: "auto"), "ours", "model"),
+    "spec_model_shared": Contender(speculative(partial(model_draft, reads_target_cache=True)), "ours", "model"),
+    "spec_model_shared_auto": Contender(
+        speculative(partial(model_draft, reads_target_cache=True), k=lambda s: "auto"), "ours", "model"
+    ),
     "spec_model_wide": Contender(speculative(model_draft, k=lambda s: s.nodes), "ours", "model"),
     "tree_model": Contender(tree(model_tree), "ours", "model"),
     "tree_model_auto": Contender(tree(model_tree_auto, auto=True), "ours", "model"),
-    "tree_model_shared_auto": Contender(tree(model_tree_shared_auto, auto=True), "ours", "model"),
+    "tree_model_shared_auto": Contender(
+        tree(partial(model_tree_auto, reads_target_cache=True), auto=True), "ours", "model"
+    ),
     "hf_assisted": Contender(hf(assisted_k=lambda s: s.k), "hf", "model"),
     "hf_assisted_default": Contender(hf(assisted_k=lambda s: None), "hf", "model"),
     # n-gram lookup: the same four shapes, and Hugging Face prompt lookup at its defaults and fixed k

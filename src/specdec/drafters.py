@@ -116,8 +116,7 @@ class ModelDrafter:
         return Draft(torch.cat(tokens), torch.stack(rows), forwards=k)  # (k,), (k, V)
 
     def rollback(self, length: int) -> None:
-        self.states.synced = min(self.states.synced, length)
-        self.lm.crop(min(length, self.lm.length))
+        self.lm.crop(min(length, self.lm.length))  # copied positions beyond it are cropped again by copy_into
 
 
 class TargetStates:
