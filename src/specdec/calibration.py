@@ -45,7 +45,7 @@ from .metrics import expected_tokens_per_pass
 from .models import bfloat16_copy, dynamic_int8_copy, load_model
 from .sampling import GREEDY, Sampling
 from .speculative import speculative_generate
-from .timing import stopwatch
+from .timing import pass_tokens, stopwatch, timed_step
 
 # bitsandbytes nf4 / LLM.int8 copies, torch dynamic int8 copy, bf16 copy, prompt lookup
 CANDIDATES = ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
@@ -114,12 +114,6 @@ class Timings:
         return max(1.0, model.pass_seconds(width) / self.step_ms)
 
 
-def timed_step(lm: CachedLM, tokens: torch.Tensor) -> tuple[Callable[[], object], Callable[[], None]]:
-    """(run, undo): one cached forward of tokens (1, n) after what lm holds, and the crop back."""
-    length = lm.length
-    return partial(lm.forward, tokens), partial(lm.crop, length)
-
-
 @torch.inference_mode()
 def measure_timings(
     target: PreTrainedModel,
@@ -139,7 +133,7 @@ def measure_timings(
     target_lm = CachedLM(target)
     target_lm.forward(prefix, last_only=True)
     for w in widths:
-        jobs[w] = timed_step(target_lm, prefix[:, -w:] if prefix.shape[-1] >= w else prefix[:, :1].repeat(1, w))
+        jobs[w] = timed_step(target_lm, pass_tokens(prefix, w))
     for name, d in drafters.items():
         if isinstance(d, ModelDrafter):
             lm = CachedLM(d.model)

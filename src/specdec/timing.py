@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import PreTrainedModel
@@ -46,7 +47,7 @@ def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repe
     lm = CachedLM(model)
     lm.forward(prefix, last_only=True)
     length = lm.length
-    step = prefix[:, -n_tokens:] if prefix.shape[-1] >= n_tokens else prefix[:, :1].repeat(1, n_tokens)
+    step = pass_tokens(prefix, n_tokens)
     samples = []
     for _ in range(warmup + repeats):
         seconds: dict[str, float] = {}
@@ -55,6 +56,17 @@ def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repe
         samples.append(seconds["step"])
         lm.crop(length)
     return 1000 * statistics.median(samples[warmup:])
+
+
+def pass_tokens(prefix: torch.Tensor, n: int) -> torch.Tensor:
+    """n tokens (1, n) to feed after prefix (1, L): its last n, or its first token repeated when L < n."""
+    return prefix[:, -n:] if prefix.shape[-1] >= n else prefix[:, :1].repeat(1, n)
+
+
+def timed_step(lm: CachedLM, tokens: torch.Tensor) -> tuple[Callable[[], object], Callable[[], None]]:
+    """(run, undo): one cached forward of tokens (1, n) after what lm holds, and the crop back."""
+    length = lm.length
+    return partial(lm.forward, tokens), partial(lm.crop, length)
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,7 @@ def choose_threads(
     for _ in range(repeats):
         for n in counts:
             torch.set_num_threads(n)
-            decode = forward_ms(model, prefix, 1, repeats=1) + forward_ms(model, prefix, width, repeats=1)
-            samples[n].append(decode + prefill_ms(model, prefix))
+            samples[n].append(probe_ms(model, prefix, width))
     probe = {n: statistics.median(v) for n, v in samples.items()}
     best = min(counts, key=lambda n: (probe[n], n))
     torch.set_num_threads(best)
@@ -94,9 +105,16 @@ def choose_threads(
 
 
 @torch.inference_mode()
-def prefill_ms(model: PreTrainedModel, prefix: torch.Tensor) -> float:
-    """Milliseconds of one uncached pass over prefix (1, L)."""
+def probe_ms(model: PreTrainedModel, prefix: torch.Tensor, width: int) -> float:
+    """Milliseconds of a pass over prefix (1, L) into an empty cache, then of a one-token step and of a pass
+    over width tokens after it (each cropped back)."""
+    lm = CachedLM(model)
     seconds: dict[str, float] = {}
-    with stopwatch(seconds, "pass", prefix.device):
-        CachedLM(model).forward(prefix, last_only=True)
-    return 1000 * seconds["pass"]
+    with stopwatch(seconds, "probe", prefix.device):
+        lm.forward(prefix, last_only=True)
+    for tokens in (prefix[:, -1:], pass_tokens(prefix, width)):
+        run, undo = timed_step(lm, tokens)
+        with stopwatch(seconds, "probe", prefix.device):
+            run()
+        undo()
+    return 1000 * seconds["probe"]
