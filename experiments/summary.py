@@ -272,9 +272,11 @@ def write_summary(
         f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
         f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
-    for name in ("threads.md", "calibration.md"):  # threads=auto's choice; the calibrated draft's, and why
-        chosen = run_dir / name
-        text += f"\n{chosen.read_text()}" if chosen.exists() else ""
+    choices = {}  # threads=auto's choice and the calibrated draft's, and why (written by pair.write_calibration)
+    for name in ("threads", "calibration"):
+        if (run_dir / f"{name}.json").exists():
+            text += f"\n{(run_dir / f'{name}.md').read_text()}"
+            choices[name] = json.loads((run_dir / f"{name}.json").read_text())
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
     summary = {
@@ -283,9 +285,7 @@ def write_summary(
         "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
         "prompts_done": done,
         "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
+        **choices,
     }
-    for name in ("threads", "calibration"):
-        if (run_dir / f"{name}.json").exists():
-            summary[name] = json.loads((run_dir / f"{name}.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from fakes import BareDrafter
 from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
 from test_greedy import hf_greedy
 
@@ -327,21 +328,6 @@ def test_stats_record_prediction_and_histogram(small_vocab_pair):
 
 
 # clear errors -------------------------------------------------------------------------------------------
-
-
-class BareDrafter:
-    """A custom drafter that does not say how its cost grows."""
-
-    vocab_size = None
-
-    def start(self, prompt):
-        pass
-
-    def propose(self, sequence, k, sampling, vocab_size, generator):
-        raise AssertionError("never reached")
-
-    def rollback(self, length):
-        pass
 
 
 def test_auto_refuses_a_drafter_without_draft_cost(small_vocab_pair):

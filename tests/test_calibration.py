@@ -1,5 +1,6 @@
 """Draft calibration: the choice follows the predicted speedup of injected timings; slow drafts are named."""
 
+import json
 import math
 
 import pytest
@@ -209,3 +210,22 @@ def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():
     out = speculative_generate(tiny, ModelDrafter(tiny), ids, k=4, max_new_tokens=7)
     per_pass = (out.stats.accepted + out.stats.target_forwards) / out.stats.target_forwards
     assert alpha_from_tokens_per_pass(per_pass, 4) < 0.95
+
+
+def test_the_summary_carries_the_thread_choice(tmp_path):
+    """threads=auto: threads.md joins summary.md and threads.json joins summary.json (write_calibration writes both)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from experiments.pair import write_calibration
+    from experiments.records import machine, write_json
+    from experiments.summary import write_summary
+
+    write_json(tmp_path / "environment.json", machine())
+    write_calibration(tmp_path, SimpleNamespace(threads=ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), calibration=None))
+    text = write_summary(tmp_path, {"k": 4}, pd.DataFrame(), {}, {}, "", 0)
+    assert "threads=auto chose 2" in text and not (tmp_path / "calibration.md").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["threads"] == {"threads": 2, "probe_ms": {"1": 3.0, "2": 2.0}, "width": 5, "prompt_tokens": 7}
+    assert "calibration" not in summary

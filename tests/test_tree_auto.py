@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from fakes import BareDrafter
 from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
 from specdec import (
@@ -359,27 +360,12 @@ def test_prune_of_a_model_tree_is_the_breadth_first_prefix():
 # ---------------------------------------------------------------- clear errors
 
 
-class BareTreeDrafter:
-    """A custom tree drafter that does not say how its cost grows."""
-
-    vocab_size = None
-
-    def start(self, prompt):
-        pass
-
-    def propose(self, sequence, depth, sampling, vocab_size, generator):
-        raise AssertionError("never reached")
-
-    def rollback(self, length):
-        pass
-
-
 def test_auto_refuses_a_tree_drafter_without_draft_cost():
     target = tiny_model("llama")
-    with pytest.raises(ValueError, match="draft_cost = 'per_token' on BareTreeDrafter"):
-        tree_generate(target, BareTreeDrafter(), PROMPT, k="auto")
-    with pytest.raises(ValueError, match="draft_cost = 'per_token' on BareTreeDrafter"):
-        tree_generate(target, BareTreeDrafter(), PROMPT, k=TreeCostModel())
+    with pytest.raises(ValueError, match="draft_cost = 'per_token' on BareDrafter"):
+        tree_generate(target, BareDrafter(), PROMPT, k="auto")
+    with pytest.raises(ValueError, match="draft_cost = 'per_token' on BareDrafter"):
+        tree_generate(target, BareDrafter(), PROMPT, k=TreeCostModel())
 
 
 def test_bad_k_values_for_trees():
