@@ -1,4 +1,8 @@
-"""Drafters that tests build by hand."""
+"""Drafters and rounds that tests build by hand."""
+
+from types import SimpleNamespace
+
+import torch
 
 
 class BareDrafter:
@@ -14,3 +18,20 @@ class BareDrafter:
 
     def rollback(self, length):
         pass
+
+
+def chain_round(k, drafted, overlaps, seconds):
+    """What a rule observes of a chain round that chose k and drafted `drafted` tokens."""
+    from specdec.cost import Choice
+    from specdec.speculative import Draft
+
+    draft = Draft(torch.zeros(drafted, dtype=torch.long), torch.zeros(drafted, 1))
+    return SimpleNamespace(choice=Choice(k), proposed=draft, verified=draft, path=[], overlaps=overlaps,
+                           seconds=seconds)
+
+
+def tree_round(choice, proposed, kept, path, seconds):
+    """What a rule observes of a tree round, from the parents of the proposed and the kept tree."""
+    return SimpleNamespace(choice=choice, proposed=SimpleNamespace(parents=torch.tensor(proposed, dtype=torch.long)),
+                           verified=SimpleNamespace(parents=torch.tensor(kept, dtype=torch.long)), path=list(path),
+                           overlaps=torch.zeros(0), seconds=seconds)

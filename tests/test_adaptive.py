@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from fakes import BareDrafter
+from fakes import BareDrafter, chain_round
 from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
 from test_greedy import hf_greedy
 
@@ -20,11 +20,13 @@ from specdec import (
     ModelDrafter,
     NGramDrafter,
     Sampling,
+    TreeCostModel,
     autoregressive_generate,
     speculative_generate,
 )
-from specdec.cost import Choice, best_draft_length, expected_tokens
+from specdec.cost import Choice
 from specdec.exact import sequence_distribution, sequence_index
+from specdec.metrics import best_draft_length, expected_tokens
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 N_SAMPLES = 600  # each sample is a whole generation; enough to reject the draft's distribution
@@ -152,9 +154,9 @@ class LoggedCostModel(CostModel):
         self.log.append(("choose", limit, choice.k))
         return choice
 
-    def observe(self, k, drafted, overlaps, seconds):
-        self.log.append(("observe", k, drafted, overlaps.clone(), dict(seconds)))
-        super().observe(k, drafted, overlaps, seconds)
+    def observe(self, round):
+        self.log.append(("observe", round.choice.k, round.verified.size, round.overlaps.clone(), dict(round.seconds)))
+        super().observe(round)
 
 
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
@@ -181,7 +183,7 @@ def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
         if event[0] == "choose":
             assert replay.choose(event[1]).k == event[2]
         elif event[0] == "observe":
-            replay.observe(*event[1:])
+            replay.observe(chain_round(*event[1:]))
     assert len({e[2] for e in rule.log if e[0] == "choose"}) >= 3
 
 
@@ -294,10 +296,10 @@ def test_pass_time_interpolation_never_below_a_step():
 def test_warm_up_then_formula():
     model = CostModel(k_max=5)
     assert model.choose(10).k == 0  # first: a plain step
-    model.observe(0, 0, torch.zeros(0), {"verify": 1.0})
+    model.observe(chain_round(0, 0, torch.zeros(0), {"verify": 1.0}))
     assert model.choose(10).k == 5  # then the longest draft
     assert model.choose(2).k == 2  # within the budget
-    model.observe(5, 5, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]), {"draft": 0.5, "verify": 1.2})
+    model.observe(chain_round(5, 5, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]), {"draft": 0.5, "verify": 1.2}))
     choice = model.choose(10)
     assert model.ready and choice.prediction is not None
     assert choice.k == best_draft_length(model.acceptance(), model.cost)
@@ -309,7 +311,7 @@ def test_plain_steps_do_not_freeze_the_rule():
     model.decay = 0.9
     rounds = 0
     while model.choose(4).k == 0:
-        model.observe(0, 0, torch.zeros(0), {"verify": 1.0})
+        model.observe(chain_round(0, 0, torch.zeros(0), {"verify": 1.0}))
         rounds += 1
         assert rounds < 1000
     assert rounds > 10  # not at once: the bad evidence is forgotten gradually
@@ -341,8 +343,10 @@ def test_auto_refuses_a_drafter_without_draft_cost(small_vocab_pair):
 def test_bad_k_values(small_vocab_pair):
     target, draft = small_vocab_pair
     drafter = ModelDrafter(draft)
-    with pytest.raises(ValueError, match="'auto' or a CostModel"):
+    with pytest.raises(ValueError, match="'auto' or a rule"):
         speculative_generate(target, drafter, PROMPT, k="fast")
+    with pytest.raises(TypeError, match="needs a CostModel"):
+        speculative_generate(target, drafter, PROMPT, k=TreeCostModel())
     with pytest.raises(ValueError, match="k_max"):
         speculative_generate(target, drafter, PROMPT, k="auto", k_max=0)
     with pytest.raises(ValueError, match="k \\(draft tokens"):

@@ -11,12 +11,18 @@ import pytest
 import torch
 from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
-from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    Sampling,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
 from specdec.cached import CachedLM
 from specdec.drafters import append_states, can_read_cache
 from specdec.exact import sequence_distribution
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
-from specdec.tree import tree_generate
 from specdec.tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
@@ -108,7 +114,7 @@ TREE_DRAFTERS = {
     "model_tree": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=5, nodes=12, reads_target_cache=True),
     "chain_adapter": lambda d: ChainTreeDrafter(ModelDrafter(d, reads_target_cache=True), k=4),
     "hybrid": lambda d: HybridTreeDrafter(
-        NGramTreeDrafter(nodes=4), ModelTreeDrafter(d, branches=(2,), depth=4, reads_target_cache=True)
+        d, NGramTreeDrafter(nodes=4), branches=(2,), depth=4, reads_target_cache=True
     ),
 }
 

@@ -6,9 +6,9 @@ import torch
 from specdec import ModelDrafter, NGramDrafter, Sampling, speculative_generate
 from specdec.metrics import (
     accepted_length_distribution,
+    expected_tokens,
     expected_tokens_per_pass,
     optimal_k,
-    validate_alpha_c,
     walltime_improvement,
 )
 from specdec.tiny import perturbed_copy, tiny_model
@@ -99,10 +99,22 @@ def test_optimal_k_and_lower_bound():
     assert walltime_improvement(0.3, 0.9, 1) < 1.0
 
 
-@pytest.mark.parametrize("alpha, c", [(-0.1, 0.1), (1.1, 0.1), (0.5, -1.0)])
-def test_theory_domain(alpha, c):
-    with pytest.raises(ValueError):
-        validate_alpha_c(alpha, c)
+def test_speedup_with_the_measured_pass_cost():
+    """Thm 3.8 with a verification pass of v target steps: E(k) / (k c + v); a lookup pays c once per round;
+    optimal_k maximises that, not the v = 1 speedup."""
+    alpha, c, k = 0.8, 0.1, 4
+    e = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert walltime_improvement(alpha, c, k, pass_cost=1.6) == pytest.approx(e / (k * c + 1.6))
+    assert walltime_improvement(alpha, c, k, 1.6, draft_cost="per_call") == pytest.approx(e / (c + 1.6))
+    assert expected_tokens([alpha] * k) == pytest.approx(e)
+
+    def pass_cost(width):  # a pass grows by 0.3 steps per extra token
+        return 1.0 + 0.3 * (width - 1)
+
+    best = optimal_k(alpha, c, 16, pass_cost)
+    speedups = {j: walltime_improvement(alpha, c, j, pass_cost(j + 1)) for j in range(1, 17)}
+    assert best == max(speedups, key=speedups.get)
+    assert best < optimal_k(alpha, c, 16)  # wider passes cost more: shorter drafts
 
 
 def test_rounds_on_fixed_distributions_emit_expected_tokens():

@@ -138,7 +138,7 @@ DRAFTERS = {
     "model_top": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=5, nodes=14, children="top"),
     "model_iid": lambda d: ModelTreeDrafter(d, branches=(2, 2), depth=5, children="iid"),
     "model_distinct": lambda d: ModelTreeDrafter(d, branches=(3,), depth=6, children="distinct"),
-    "hybrid": lambda d: HybridTreeDrafter(NGramTreeDrafter(nodes=6), ModelTreeDrafter(d, branches=(2,), depth=4)),
+    "hybrid": lambda d: HybridTreeDrafter(d, NGramTreeDrafter(nodes=6), branches=(2,), depth=4),
 }
 
 
@@ -235,9 +235,12 @@ REPEATING = torch.tensor([[0, 3, 1, 2, 3, 1, 2, 4, 3, 1]])  # n-gram matches exi
 N_PASS = 500  # samples for a right rule (it passes at any count); the power test below uses N_SAMPLES
 
 
-def model_tree(children, branches=(3,)):
-    """3 new tokens: a round drafts at most depth 2 (tree_generate never drafts past the budget)."""
-    return lambda draft: ModelTreeDrafter(draft, branches=branches, depth=2, nodes=8, children=children)
+def model_tree(children, branches=(3,), hybrid=None):
+    """3 new tokens: a round drafts at most depth 2 (tree_generate never drafts past the budget); hybrid: an
+    n-gram trie next to the model tree (HybridTreeDrafter)."""
+    options = {"branches": branches, "depth": 2, "nodes": 8, "children": children}
+    return lambda draft: ModelTreeDrafter(draft, **options) if hybrid is None else HybridTreeDrafter(
+        draft, hybrid, **options)
 
 
 EXACT_CASES = [
@@ -251,7 +254,7 @@ EXACT_CASES = [
     pytest.param(model_tree("distinct"), Sampling(1.0, top_k=3), id="distinct-topk"),
     pytest.param(model_tree("distinct"), Sampling(1.0, top_p=0.8), id="distinct-topp"),
     pytest.param(
-        lambda d: HybridTreeDrafter(NGramTreeDrafter(matches=2, depth=2, nodes=4), model_tree("distinct")(d)),
+        model_tree("distinct", hybrid=NGramTreeDrafter(matches=2, depth=2, nodes=4)),
         Sampling(1.0),
         id="hybrid-T1",
     ),

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from fakes import BareDrafter
+from fakes import BareDrafter, tree_round
 from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
 from specdec import (
@@ -26,7 +26,7 @@ from specdec import (
     autoregressive_generate,
     tree_generate,
 )
-from specdec.cost import TreeChoice, TreeCostModel, breadth_first, tree_depths, walk_trials
+from specdec.cost import Choice, TreeCostModel, breadth_first, tree_depths, walk_trials
 from specdec.exact import sequence_distribution
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.tree import prune_tree
@@ -101,8 +101,10 @@ REPEATING = torch.tensor([[0, 3, 1, 2, 3, 1, 2, 4, 3, 1]])  # n-gram matches exi
 N_PASS = 500  # as tests/test_tree.py: a right rule passes at any count
 
 
-def model_tree(children, branches=(3,)):
-    return lambda draft: ModelTreeDrafter(draft, branches=branches, depth=2, nodes=8, children=children)
+def model_tree(children, branches=(3,), hybrid=None):
+    options = {"branches": branches, "depth": 2, "nodes": 8, "children": children}
+    return lambda draft: ModelTreeDrafter(draft, **options) if hybrid is None else HybridTreeDrafter(
+        draft, hybrid, **options)
 
 
 AUTO_EXACT_CASES = [
@@ -110,7 +112,7 @@ AUTO_EXACT_CASES = [
     pytest.param(model_tree("distinct", (3, 2)), Sampling(1.0), id="distinct-T1"),
     pytest.param(model_tree("distinct"), Sampling(0.5, top_k=3), id="distinct-T0.5-topk"),
     pytest.param(
-        lambda d: HybridTreeDrafter(NGramTreeDrafter(matches=2, depth=2, nodes=4), model_tree("distinct")(d)),
+        lambda d: model_tree("distinct", hybrid=NGramTreeDrafter(matches=2, depth=2, nodes=4))(d),
         Sampling(1.5, top_p=0.9),
         id="hybrid-T1.5-topp",
     ),
@@ -161,14 +163,15 @@ class LoggedTreeCostModel(TreeCostModel):
         super().__init__(*args, **kwargs)
         self.log = []
 
-    def choose_tree(self, limit, max_nodes):
-        choice = super().choose_tree(limit, max_nodes)
-        self.log.append(("choose", limit, max_nodes, choice))
+    def choose(self, limit):
+        choice = super().choose(limit)
+        self.log.append(("choose", limit, choice))
         return choice
 
-    def observe_tree(self, choice, proposed, kept, path, seconds):
-        self.log.append(("observe", choice, list(proposed), list(kept), list(path), dict(seconds)))
-        super().observe_tree(choice, proposed, kept, path, seconds)
+    def observe(self, round):
+        self.log.append(("observe", round.choice, round.proposed.parents.tolist(), round.verified.parents.tolist(),
+                         list(round.path), dict(round.seconds)))
+        super().observe(round)
 
 
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
@@ -199,10 +202,10 @@ def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
     replay = TreeCostModel(k_max=4)
     for event in rule.log:
         if event[0] == "choose":
-            assert replay.choose_tree(event[1], event[2]) == event[3]
+            assert replay.choose(event[1]) == event[2]
         elif event[0] == "observe":
-            replay.observe_tree(*event[1:])
-    choices = {(e[3].k, e[3].nodes) for e in rule.log if e[0] == "choose"}
+            replay.observe(tree_round(*event[1:]))
+    choices = {(e[2].k, e[2].nodes) for e in rule.log if e[0] == "choose"}
     assert len({k for k, _ in choices}) >= 3 and len(choices) >= 4
 
 
@@ -287,10 +290,11 @@ def test_tree_choice_maximises_expected_tokens_per_second():
         return (1 + sum(v(i) for i in order[:n])) / (model.pass_seconds(n + 1) + 0.05 * d)
 
     best = max(range(8), key=lambda n: (rate(n), -n))
-    choice = model.choose_tree(limit=10, max_nodes=64)
+    choice = model.choose(limit=10)
     assert choice.nodes == best and choice.k == max((depths[i] for i in order[:best]), default=0)
     assert choice.expected_tokens / choice.seconds == pytest.approx(rate(best), rel=1e-3)
-    limited = model.choose_tree(limit=1, max_nodes=2)  # never past the budget or the pass limit
+    model.max_nodes = 2
+    limited = model.choose(limit=1)  # never past the budget or the pass limit
     assert limited.k <= 1 and limited.nodes <= 2
     assert limited.nodes == max(range(3), key=lambda n: (rate(n), -n))
 
@@ -299,8 +303,8 @@ def test_tree_model_chooses_plain_steps_when_nothing_is_accepted():
     c = {(1, 0): 0.02, (1, 1): 0.02, (2, 0): 0.02}
     model = hand_set_tree_model(c, {1: 1.0, 4: 1.5}, 0.1, k_max=2)
     model.shape = [-1, -1, 0]
-    assert model.choose_tree(10, 64) == model.choose_tree(10, 64)
-    assert model.choose_tree(10, 64).k == 0 and model.choose_tree(10, 64).nodes == 0
+    assert model.choose(10) == model.choose(10)
+    assert model.choose(10).k == 0 and model.choose(10).nodes == 0
 
 
 def test_template_extends_the_last_shape_by_a_chain():
@@ -373,7 +377,7 @@ def test_bad_k_values_for_trees():
     ngram = NGramTreeDrafter()
     with pytest.raises(ValueError, match="k_max"):
         tree_generate(target, ngram, PROMPT, k="auto", k_max=0)
-    with pytest.raises(ValueError, match="'auto' or a CostModel"):
+    with pytest.raises(ValueError, match="'auto', None or a rule"):
         tree_generate(target, ngram, PROMPT, k="fast")
     with pytest.raises(ValueError, match="tree depth per round"):
         tree_generate(target, ngram, PROMPT, k=0)
@@ -389,8 +393,8 @@ def test_bad_k_values_for_trees():
 class OneChildRule(TreeCostModel):
     """Every round: depth 1, one node (the cut keeps one of the root's i.i.d. children)."""
 
-    def choose_tree(self, limit, max_nodes):
-        return TreeChoice(min(1, limit), 1)
+    def choose(self, limit):
+        return Choice(min(1, limit), 1)
 
 
 def likeliest_child(tree, depth, nodes):
@@ -406,10 +410,10 @@ def likeliest_child(tree, depth, nodes):
 def test_chi_square_rejects_a_cut_that_looks_at_the_tokens(small_vocab_pair, monkeypatch, wrong):
     """Keeping the first of three i.i.d. children is exact; keeping the likeliest one is not (it is no
     longer a draw from q), and the same chi-square test rejects it."""
-    import specdec.tree as tree_module
+    from specdec import decoding
 
     if wrong:
-        monkeypatch.setattr(tree_module, "prune_tree", likeliest_child)
+        monkeypatch.setattr(decoding, "prune_tree", likeliest_child)
     target, draft = small_vocab_pair
     sampling = Sampling(1.0)
     drafter = ModelTreeDrafter(draft, branches=(3,), depth=1, nodes=3, children="iid")

@@ -1,20 +1,23 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
-from .cost import CostModel
-from .drafters import Draft, Drafter, ModelDrafter, NGramDrafter
+from .cost import CostModel, FixedDraftLength, TreeCostModel
+from .decoding import decode, speculative_generate, tree_generate
+from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import (
     Generation,
     Stats,
     accepted_length_distribution,
+    expected_tokens,
     expected_tokens_per_pass,
     optimal_k,
     walltime_improvement,
 )
 from .naive import draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
-from .speculative import speculative_generate
-from .tree import TreeDraft, TreeDrafter, tree_generate
+from .speculative import Draft, TokenLevel
+from .tree import TreeDraft
+from .tree_accept import TreeRules
 from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "CostModel",
     "Draft",
     "Drafter",
+    "FixedDraftLength",
     "Generation",
     "HybridTreeDrafter",
     "ModelDrafter",
@@ -31,11 +35,15 @@ __all__ = [
     "NGramTreeDrafter",
     "Sampling",
     "Stats",
+    "TokenLevel",
+    "TreeCostModel",
     "TreeDraft",
-    "TreeDrafter",
+    "TreeRules",
     "accepted_length_distribution",
     "autoregressive_generate",
+    "decode",
     "draft_then_score",
+    "expected_tokens",
     "expected_tokens_per_pass",
     "optimal_k",
     "probabilities",

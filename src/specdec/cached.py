@@ -161,6 +161,14 @@ class CachedLM:
             compact_layer(layer, width, kept, trim=not keep_past)
         self.length += kept.numel() - width
 
+    def keep(self, width: int, kept: list[int]) -> None:
+        """Of the last `width` cached tokens (a proposal the last forward appended), keep `kept` (indices into
+        them, in path order): a crop when they are its first tokens (a chain), a compaction otherwise."""
+        if kept == list(range(len(kept))):
+            self.crop(self.length - width + len(kept))
+        else:
+            self.compact(width, torch.tensor(kept, dtype=torch.long))
+
     def advance(self, sequence: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Feed the part of sequence (1, L) the cache has not seen; return those positions' logits."""
         return self.forward(sequence[:, self.length :], last_only=last_only)

@@ -40,58 +40,13 @@ from transformers import PreTrainedModel
 
 from .cached import CachedLM, logits_width
 from .cost import CostModel
-from .drafters import Drafter, ModelDrafter, NGramDrafter
-from .metrics import expected_tokens_per_pass
-from .models import bfloat16_copy, dynamic_int8_copy, load_model
+from .decoding import speculative_generate
+from .drafters import Drafter, ModelDrafter
+from .metrics import expected_tokens_per_pass, optimal_k, walltime_improvement
 from .sampling import GREEDY, Sampling
-from .speculative import speculative_generate
 from .timing import pass_tokens, stopwatch, timed_step
 
-# bitsandbytes nf4 / LLM.int8 copies, torch dynamic int8 copy, bf16 copy, prompt lookup
-CANDIDATES = ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
-
-
-def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
-    """The candidate names, refused when empty, repeated or unknown."""
-    names = tuple(names)
-    unknown = [n for n in names if n not in CANDIDATES]
-    if not names or unknown or len(set(names)) != len(names):
-        raise ValueError(
-            f"draft candidates must be distinct names from {CANDIDATES}, got {list(names)}"
-            + (f" (unknown: {unknown})" if unknown else "")
-        )
-    return names
-
-
-def load_candidate(
-    name: str,
-    target: PreTrainedModel,
-    target_name: str,
-    *,
-    max_ngram: int = 3,
-    min_ngram: int = 1,
-    fused_4bit: bool = True,
-    reads_target_cache: bool = True,
-) -> tuple[Drafter, PreTrainedModel | None]:
-    """The drafter a candidate name stands for, and its draft model (None for the n-gram lookup).
-
-    fused_4bit=False: the nf4 copy takes bitsandbytes' non-fused CPU path even where the fused kernel
-    exists (specdec.models.force_unfused_4bit), standing in for a CPU without AVX512-BF16.
-    reads_target_cache: the copy drafts from the target's KV cache (ModelDrafter) instead of its own.
-    """
-    check_candidates([name])
-    if name == "ngram":
-        return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram), None
-    if name == "bfloat16":
-        model = bfloat16_copy(target)
-    elif name == "dynamic_int8":
-        model = dynamic_int8_copy(target)
-    else:
-        model = load_model(
-            target_name, device=target.device.type, quantization=name, compute_dtype="bfloat16", fused_4bit=fused_4bit
-        )
-    return ModelDrafter(model, reads_target_cache=reads_target_cache), model
 
 
 @dataclass(frozen=True)
@@ -190,14 +145,6 @@ def measure_alpha(
     return alpha_from_tokens_per_pass(per_pass, probe_k)
 
 
-def predicted_speedup(
-    alpha: float, c: float, k: int, pass_cost: float, draft_cost: str = "per_token"
-) -> float:
-    """Thm 3.8 with the measured pass cost v(k+1) in place of 1; a per-call drafter pays c once per round."""
-    drafting = c if draft_cost == "per_call" else k * c
-    return expected_tokens_per_pass(alpha, k) / (drafting + pass_cost)
-
-
 @dataclass(frozen=True)
 class CandidateResult:
     """One candidate: measured c and alpha, and Thm 3.8's speedup at the run's k and at its best k."""
@@ -239,14 +186,17 @@ class Calibration:
 def evaluate(
     name: str, draft_cost: str, timings: Timings, alpha: float, k: int | None, k_max: int
 ) -> CandidateResult:
+    """Thm 3.8 with the measured c and pass cost (specdec.metrics) at the run's k and at the best k."""
     c = timings.draft_ms[name] / timings.step_ms
-    widths = range(1, max(k_max, k or 1) + 1)
-    speedups = {j: predicted_speedup(alpha, c, j, timings.pass_cost(j + 1), draft_cost) for j in widths}
-    best_k = max(range(1, k_max + 1), key=lambda j: (speedups[j], -j))
+
+    def speedup(j: int) -> float:
+        return walltime_improvement(alpha, c, j, timings.pass_cost(j + 1), draft_cost)
+
+    best_k = optimal_k(alpha, c, k_max, timings.pass_cost, draft_cost)
     at = best_k if k is None else k
     return CandidateResult(
-        name, draft_cost, timings.draft_ms[name], c, alpha, at, timings.pass_cost(at + 1), speedups[at], best_k,
-        speedups[best_k],
+        name, draft_cost, timings.draft_ms[name], c, alpha, at, timings.pass_cost(at + 1), speedup(at), best_k,
+        speedup(best_k),
     )  # fmt: skip
 
 
@@ -299,7 +249,8 @@ def calibrate(
     k: the run's draft length (None: each candidate at its own best k). timings / alphas: injected
     measurements, for reproducible choices in tests.
     """
-    check_candidates(list(drafters))
+    if not drafters:
+        raise ValueError("calibrate needs at least one candidate drafter")
     timings = timings or measure_timings(target, drafters, ids, k_max=k_max, repeats=repeats)
     # alpha = 1 bounds what a candidate can gain; probe the most promising first, skip those that cannot win
     bounds = {n: evaluate(n, d.draft_cost, timings, 1.0, k, k_max) for n, d in drafters.items()}

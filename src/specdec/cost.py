@@ -46,27 +46,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
+from .metrics import best_draft_length, expected_tokens
+from .tree_accept import children_of
+
 DraftCost = Literal["per_token", "per_call"]
 DRAFT_COSTS = ("per_token", "per_call")
-
-
-def expected_tokens(acceptance: Sequence[float]) -> float:
-    """E(k) = sum_{j=0..k} prod_{i<=j} a_i for a chain of k = len(acceptance) draft tokens."""
-    total, reach = 1.0, 1.0
-    for a in acceptance:
-        reach *= a
-        total += reach
-    return total
-
-
-def best_draft_length(acceptance: Sequence[float], cost: Callable[[int], float]) -> int:
-    """The k in 0..len(acceptance) maximising E(k) / cost(k); ties go to the shorter draft."""
-    rates = [expected_tokens(acceptance[:k]) / cost(k) for k in range(len(acceptance) + 1)]
-    return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
 
 def linear_fit(widths: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
@@ -80,31 +68,58 @@ def linear_fit(widths: Sequence[int], seconds: Sequence[float]) -> tuple[float, 
 
 @dataclass(frozen=True)
 class Choice:
-    """A round's draft length, with the model's E(k) and C(k) (None while warming up)."""
+    """A round's draft length k (a tree: its depth; 0: a plain target step; None: as deep as the drafter
+    likes within the budget), a tree's node budget (None: no pruning), and the model's E and C (None while
+    warming up or for a fixed rule)."""
 
-    k: int
+    k: int | None
+    nodes: int | None = None
     expected_tokens: float | None = None
     seconds: float | None = None
 
     @property
     def prediction(self) -> tuple[float, float] | None:
-        """(E(k), C(k)), or None when the round was not predicted."""
+        """(E, C), or None when the round was not predicted."""
         return None if self.seconds is None else (self.expected_tokens, self.seconds)
 
 
+class Round(Protocol):
+    """What a rule observes of a finished round (specdec.decoding.Round has these fields)."""
+
+    choice: Choice
+    proposed: object  # the drafter's proposal (a tree: before pruning), with .size and .parents
+    verified: object  # what the target scored
+    path: list[int]  # accepted node ids of `verified`
+    overlaps: torch.Tensor  # (observed,) beta = sum_x min(p, q) on the output path
+    seconds: dict[str, float]  # "draft", "verify"
+
+
 class FixedDraftLength:
-    """k draft tokens every round (fewer near the end of the budget): the classical algorithm."""
+    """k draft tokens every round (fewer near the end of the budget): the classical algorithm. For trees k
+    is the depth; k=None lets the drafter draft as deep as it likes within the budget."""
 
-    clock = staticmethod(time.perf_counter)
+    clock = None  # reads no times: the loop need not synchronize the device around its phases
 
-    def __init__(self, k: int):
+    def __init__(self, k: int | None):
         self.k = k
 
     def choose(self, limit: int) -> Choice:
-        return Choice(min(self.k, limit))
+        return Choice(None if self.k is None else min(self.k, limit))
 
-    def observe(self, k: int, drafted: int, overlaps: torch.Tensor, seconds: dict[str, float]) -> None:
+    def observe(self, round: Round) -> None:
         pass
+
+
+class Rule(Protocol):
+    """What the decoding loop asks of a rule: a choice from earlier rounds only, and each finished round."""
+
+    clock: Callable[[], float] | None  # the clock the rule reads round times with; None: it reads none
+
+    def choose(self, limit: int) -> Choice:
+        """This round's draft length (and node budget), at most `limit` (tokens left in the budget, minus one)."""
+
+    def observe(self, round: Round) -> None:
+        """A finished round."""
 
 
 class CostModel:
@@ -114,6 +129,8 @@ class CostModel:
     window: recent timings kept per width (median). decay: weight kept by older acceptance evidence per
     round. prior: a_1 before any evidence (optimistic, so that drafting is tried).
     """
+
+    trees = False  # prices chains: one draft length per round
 
     def __init__(
         self,
@@ -164,13 +181,14 @@ class CostModel:
             self.overlap_sum[i] += beta
             self.overlap_weight[i] += 1.0
 
-    def observe(self, k: int, drafted: int, overlaps: torch.Tensor, seconds: dict[str, float]) -> None:
-        """A finished round that chose k and drafted `drafted` tokens: its times, and beta_i at the positions
-        it reached (overlaps, (observed,)). A k = 0 round called no drafter and times only its pass."""
-        if k:
-            self.record_draft(drafted, seconds["draft"])
-        self.record_pass(drafted + 1, seconds["verify"])
-        self.record_acceptance(overlaps.tolist())  # (observed,) -> host
+    def observe(self, round: Round) -> None:
+        """A finished round: its draft and verify times, and beta_i at the positions it reached. A k = 0 round
+        called no drafter and times only its pass."""
+        drafted = round.verified.size
+        if round.choice.k:
+            self.record_draft(drafted, round.seconds["draft"])
+        self.record_pass(drafted + 1, round.seconds["verify"])
+        self.record_acceptance(round.overlaps.tolist())  # (observed,) -> host
 
     # estimates --------------------------------------------------------------------------------------
 
@@ -227,18 +245,29 @@ class CostModel:
 
     def predicted(self, k: int) -> Choice:
         """k with the model's E(k) and C(k)."""
-        return Choice(k, expected_tokens(self.acceptance()[:k]), self.cost(k))
+        return Choice(k, expected_tokens=expected_tokens(self.acceptance()[:k]), seconds=self.cost(k))
 
 
-def draft_length_rule(k: int | str | CostModel, k_max: int, drafter: object) -> FixedDraftLength | CostModel:
-    """What decides each round's draft length: a fixed k, a fresh CostModel for k="auto", or the one given."""
-    if isinstance(k, CostModel):
-        check_draft_cost(drafter, k.draft_cost)
+def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64) -> Rule:
+    """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
+    fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
+    trees) pricing drafts as the drafter's draft_cost says; an object with choose and observe, used as given."""
+    if hasattr(k, "choose") and hasattr(k, "observe"):
+        if getattr(k, "trees", trees) != trees:
+            wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
+            raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(k).__name__}")
+        if getattr(k, "draft_cost", None) is not None:
+            check_draft_cost(drafter, k.draft_cost)
         return k
-    if isinstance(k, str):
-        if k != "auto":
-            raise ValueError(f"k must be an int >= 1, 'auto' or a CostModel, got the string {k!r}")
-        return CostModel(k_max, check_draft_cost(drafter))
+    if k == "auto":
+        model = TreeCostModel if trees else CostModel
+        return model(k_max, check_draft_cost(drafter), **({"max_nodes": max_nodes} if trees else {}))
+    if k is None and trees:
+        return FixedDraftLength(None)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        shapes = "(tree depth per round) must be an int >= 1, 'auto', None" if trees else (
+            "(draft tokens per round, gamma) must be an int >= 1, 'auto'")
+        raise ValueError(f"k {shapes} or a rule (choose and observe, e.g. a CostModel), got {k!r}")
     return FixedDraftLength(k)
 
 
@@ -262,22 +291,6 @@ def check_draft_cost(drafter: object, expected: DraftCost | None = None) -> Draf
 
 
 # token trees -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TreeChoice:
-    """A tree round's depth d (0: a plain step) and node budget (pass width nodes + 1; None: no pruning),
-    with the model's E(tree) and C(width) (None while warming up or for a fixed rule)."""
-
-    k: int
-    nodes: int | None = None
-    expected_tokens: float | None = None
-    seconds: float | None = None
-
-    @property
-    def prediction(self) -> tuple[float, float] | None:
-        """(E(tree), C(width)), or None when the round was not predicted."""
-        return None if self.seconds is None else (self.expected_tokens, self.seconds)
 
 
 def breadth_first(depths: Sequence[int]) -> list[int]:
@@ -328,8 +341,13 @@ class TreeCostModel(CostModel):
     order, which depends only on the nodes above it: why the acceptance rules stay exact is in prune_tree.
     """
 
-    def __init__(self, k_max: int = 8, draft_cost: DraftCost = "per_token", **kwargs):
+    trees = True  # prices trees: a depth and a node budget per round
+
+    def __init__(self, k_max: int = 8, draft_cost: DraftCost = "per_token", *, max_nodes: int = 64, **kwargs):
         super().__init__(k_max, draft_cost, **kwargs)
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
+        self.max_nodes = max_nodes
         self.trial_sum: dict[tuple[int, int], float] = {}  # (depth, rank) -> decayed accepted trials
         self.trial_weight: dict[tuple[int, int], float] = {}  # (depth, rank) -> decayed trials
         self.shape: list[int] = list(range(-1, k_max - 1))  # parents of the last non-empty proposal
@@ -346,22 +364,16 @@ class TreeCostModel(CostModel):
             self.trial_sum[key] = self.trial_sum.get(key, 0.0) + float(accepted)
             self.trial_weight[key] = self.trial_weight.get(key, 0.0) + 1.0
 
-    def observe_tree(
-        self,
-        choice: TreeChoice,
-        proposed: Sequence[int],
-        kept: Sequence[int],
-        path: Sequence[int],
-        seconds: dict[str, float],
-    ) -> None:
-        """A finished tree round: the parents of the drafter's proposal and of the verified (kept) tree, the
-        accepted node ids of the kept tree, and its draft and verify seconds."""
-        if choice.k:
+    def observe(self, round: Round) -> None:
+        """A finished tree round: the shape of the drafter's proposal, the children the walk tried in the
+        verified (kept) tree, and its draft and verify seconds."""
+        proposed, kept = round.proposed.parents.tolist(), round.verified.parents.tolist()
+        if round.choice.k:
             if proposed:
-                self.shape = list(proposed)
-            self.record_draft(max(tree_depths(proposed), default=0), seconds["draft"])
-        self.record_pass(len(kept) + 1, seconds["verify"])
-        self.record_trials(walk_trials(kept, path))
+                self.shape = proposed
+            self.record_draft(max(tree_depths(proposed), default=0), round.seconds["draft"])
+        self.record_pass(len(kept) + 1, round.seconds["verify"])
+        self.record_trials(walk_trials(kept, round.path))
 
     # estimates --------------------------------------------------------------------------------------
 
@@ -406,32 +418,30 @@ class TreeCostModel(CostModel):
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose_tree(self, limit: int, max_nodes: int) -> TreeChoice:
+    def choose(self, limit: int) -> Choice:
         """Depth and node budget for the next round: depth at most `limit` (the budget) and k_max, at most
         max_nodes nodes. Reads only earlier rounds."""
         limit = min(limit, self.k_max)
         if not self.ready:  # warm-up: a plain step, then the deepest unpruned tree, until both are timed
-            return TreeChoice(limit, max_nodes) if 1 in self.pass_times and limit else TreeChoice(0, 0)
+            return Choice(limit, self.max_nodes) if 1 in self.pass_times and limit else Choice(0, 0)
         parents = self.template()
         depths, values = tree_depths(parents), self.reach(parents)
-        best = TreeChoice(0, 0, 1.0, self.pass_seconds(1))
+        best = Choice(0, 0, 1.0, self.pass_seconds(1))
         expected = 1.0
-        for n, node in enumerate(breadth_first(depths)[:max_nodes], start=1):
+        for n, node in enumerate(breadth_first(depths)[: self.max_nodes], start=1):
             if depths[node] > limit:
                 break
             expected += values[node]
             seconds = self.proposal_seconds(n + 1, depths[node])
             if expected / seconds > best.expected_tokens / best.seconds:
-                best = TreeChoice(depths[node], n, expected, seconds)
+                best = Choice(depths[node], n, expected, seconds)
         return best
 
 
 def walk_trials(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, int, bool]]:
     """(depth, rank, accepted) of every child accept_tree tried: at the root and at each accepted node, its
     children in order up to the accepted one (all of them when none was accepted)."""
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(parents):
-        children.setdefault(parent, []).append(node)
+    children = children_of(list(parents))
     trials, node, depth = [], -1, 0
     for step in [*path, None]:
         kids = children.get(node, [])
@@ -443,18 +453,3 @@ def walk_trials(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, 
             break
         node, depth = step, depth + 1
     return trials
-
-
-def tree_rule(
-    k: int | str | CostModel | None, k_max: int, drafter: object
-) -> FixedDraftLength | TreeCostModel | None:
-    """What decides each tree round's shape: None (the drafter's own tree, as deep as the budget allows), a
-    fixed depth k, a fresh TreeCostModel for k="auto", or the one given."""
-    if k is None:
-        return None
-    if isinstance(k, CostModel) and not isinstance(k, TreeCostModel):
-        raise TypeError("tree_generate needs a TreeCostModel (it prices trees, not chains), got a CostModel")
-    rule = draft_length_rule(k, k_max, drafter)
-    if isinstance(rule, CostModel) and not isinstance(rule, TreeCostModel):  # k="auto"
-        rule = TreeCostModel(k_max, rule.draft_cost)
-    return rule

@@ -8,7 +8,6 @@ the returned q, so a deterministic drafter (n-gram lookup) returns one-hot rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -16,31 +15,33 @@ from transformers import PreTrainedModel
 
 from .cached import CachedLM, GrowingLayer, logits_width
 from .sampling import Sampling, probabilities, sample
+from .speculative import Draft
 
 
-@dataclass
-class Draft:
-    """Proposed tokens (n,) with the rows of q they were sampled from (n, V); n may be below k."""
+class Proposal(Protocol):
+    """What the decoding loop needs from a proposal: a chain (specdec.speculative.Draft) or a tree
+    (specdec.tree.TreeDraft) of `size` tokens, each with the q row it was drawn from."""
 
-    tokens: torch.Tensor
-    q: torch.Tensor
-    forwards: int = 0  # draft-model passes spent on this proposal
+    tokens: torch.Tensor  # (n,)
+    q: torch.Tensor  # (n, V)
+    forwards: int  # draft-model passes spent
+    parents: torch.Tensor  # (n,) the proposal as a tree (-1: the root)
 
-    @classmethod
-    def empty(cls, vocab_size: int, device: torch.device) -> Draft:
-        """No draft: the round is a plain target step."""
-        return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device))
+    @property
+    def size(self) -> int: ...
 
+    def depths(self) -> list[int]: ...
 
-def share_cache(drafter: object, target: CachedLM) -> None:
-    """Offer the target's cache to a drafter that can read it (a copy of the target built to read it)."""
-    share = getattr(drafter, "share_cache", None)
-    if share is not None:
-        share(target)
+    def score(self, target: CachedLM, sequence: torch.Tensor, sampling: Sampling, vocab: int) -> torch.Tensor:
+        """One target pass over the unseen tail of sequence and the proposal: p (n+1, V)."""
+
+    def overlaps(self, p: torch.Tensor, path: list[int]) -> torch.Tensor:
+        """beta = sum_x min(p, q) at the positions on the output path that the round tested."""
 
 
 class Drafter(Protocol):
-    """What speculative_generate needs from a source of draft tokens."""
+    """What the decoding loop needs from a source of draft tokens: chains (ModelDrafter, NGramDrafter) or
+    token trees (specdec.tree_drafters), one call shape."""
 
     vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
     # How drafting time grows with the draft length, which k="auto" needs (specdec.cost):
@@ -52,8 +53,9 @@ class Drafter(Protocol):
 
     def propose(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
-    ) -> Draft:
-        """Up to k tokens continuing sequence (1, L), and their processed q rows of width vocab_size."""
+    ) -> Proposal:
+        """Up to k tokens (a tree: depth at most k) continuing sequence (1, L), and their processed q rows of
+        width vocab_size."""
 
     def rollback(self, length: int) -> None:
         """Only the first `length` tokens of the last sequence are still valid."""

@@ -7,6 +7,7 @@ target step.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -42,6 +43,8 @@ class Stats:
     predicted_seconds: float = 0.0  # sum of C(k) over predicted rounds
     measured_tokens: int = 0  # tokens those rounds produced (accepted + 1, before EOS truncation)
     measured_seconds: float = 0.0  # their measured draft + verify seconds
+    tree_nodes: list[int] = field(default_factory=list)  # token trees: nodes verified in each round
+    tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
     def record_schedule(self, k: int, predicted: tuple[float, float] | None, produced: int,
                         seconds: dict[str, float]) -> None:
@@ -69,28 +72,31 @@ class Stats:
     def measured_tokens_per_second(self) -> float:
         """Tokens per second those same rounds achieved (draft + verify time)."""
         return self.measured_tokens / self.measured_seconds if self.measured_seconds else float("nan")
-    tree_nodes: list[int] = field(default_factory=list)  # token trees: nodes verified in each round
-    tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
-    def record_round(self, drafted: int, accepted: int, observed: int, overlapped: int | None = None) -> None:
-        """Add one verification round: `drafted` proposed, `accepted` kept, `observed` = min(accepted + 1, drafted)
-        positions tested (those on the output path); `overlapped` positions added to overlap_sum (default
-        `observed`; token trees pass their own count)."""
-        self.drafted += drafted
+    def record_round(self, nodes: int, depth: int, accepted: int, overlapped: int, tree: bool = False) -> None:
+        """Add one verification pass over `nodes` draft tokens reaching depth `depth` (a chain: nodes = depth =
+        k) that accepted `accepted` of them; per-position counters are by depth, positions 1..min(accepted + 1,
+        depth) were tested (those on the output path); `overlapped` positions were added to overlap_sum.
+        tree: also keep the pass's node count and depth (tree_nodes, tree_depths)."""
+        observed = min(accepted + 1, depth)
+        self.drafted += nodes
         self.accepted += accepted
         self.target_forwards += 1
-        grow = max(0, drafted - len(self.drafted_at))
+        grow = max(0, depth - len(self.drafted_at))
         self.drafted_at += [0] * grow
         self.accepted_at += [0] * grow
         self.reached_at += [0] * grow
-        for i in range(drafted):
+        for i in range(depth):
             self.drafted_at[i] += 1
         for i in range(observed):
             self.reached_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
         self.accepted_per_round.append(accepted)
-        self.overlap_count += observed if overlapped is None else overlapped
+        self.overlap_count += overlapped
+        if tree:
+            self.tree_nodes.append(nodes)
+            self.tree_depths.append(depth)
 
     @property
     def acceptance_rate(self) -> float:
@@ -144,11 +150,19 @@ class Generation:
     stats: Stats
 
 
+def expected_tokens(acceptance: Sequence[float]) -> float:
+    """E(k) = sum_{j=0..k} prod_{i<=j} a_i: expected tokens from one target pass over a chain of k =
+    len(acceptance) draft tokens, a_i the probability that position i is accepted given that 1..i-1 were."""
+    total, reach = 1.0, 1.0
+    for a in acceptance:
+        reach *= a
+        total += reach
+    return total
+
+
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """E[tokens per target pass] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan Eq. 1)."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    """(1 - alpha^(k+1)) / (1 - alpha)  (Leviathan Eq. 1): expected_tokens with every a_i = alpha."""
+    return expected_tokens([alpha] * k)
 
 
 def accepted_length_distribution(alpha: float, k: int) -> list[float]:
@@ -156,19 +170,36 @@ def accepted_length_distribution(alpha: float, k: int) -> list[float]:
     return [alpha**n * (1.0 - alpha) for n in range(k)] + [alpha**k]
 
 
-def walltime_improvement(alpha: float, c: float, k: int) -> float:
-    """Expected speedup over target-only decoding (Leviathan Thm 3.8)."""
-    return expected_tokens_per_pass(alpha, k) / (k * c + 1.0)
+def walltime_improvement(
+    alpha: float, c: float, k: int, pass_cost: float = 1.0, draft_cost: str = "per_token"
+) -> float:
+    """Expected speedup over target-only decoding (Leviathan Thm 3.8): E(k) / (k c + v).
+
+    v = pass_cost is one verification pass over k + 1 tokens in target steps (Thm 3.8 assumes 1; on a CPU
+    it is measured); draft_cost "per_call" (a lookup) pays c once per round instead of once per token.
+    """
+    return expected_tokens_per_pass(alpha, k) / round_cost(c, k, pass_cost, draft_cost)
 
 
-def optimal_k(alpha: float, c: float, k_max: int = 64) -> int:
-    """The draft length 1..k_max that maximises walltime_improvement (found numerically)."""
-    return max(range(1, k_max + 1), key=lambda k: walltime_improvement(alpha, c, k))
+def round_cost(c: float, k: int, pass_cost: float = 1.0, draft_cost: str = "per_token") -> float:
+    """One round in target steps: k c + v for a draft model, c + v for a lookup (c per call)."""
+    return (c if draft_cost == "per_call" else k * c) + pass_cost
 
 
-def validate_alpha_c(alpha: float, c: float) -> None:
-    """Refuse values outside the theory's domain."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if c < 0.0:
-        raise ValueError(f"c (draft step cost / target step cost) must be >= 0, got {c}")
+def best_draft_length(acceptance: Sequence[float], cost: Callable[[int], float], shortest: int = 0) -> int:
+    """The k in shortest..len(acceptance) maximising E(k) / cost(k) (tokens per unit of time); ties go to the
+    shorter draft. k = 0 is a plain target step."""
+    rates = {k: expected_tokens(acceptance[:k]) / cost(k) for k in range(shortest, len(acceptance) + 1)}
+    return max(rates, key=lambda k: (rates[k], -k))
+
+
+def optimal_k(
+    alpha: float,
+    c: float,
+    k_max: int = 64,
+    pass_cost: Callable[[int], float] = lambda width: 1.0,
+    draft_cost: str = "per_token",
+) -> int:
+    """The draft length 1..k_max that maximises walltime_improvement (found numerically); pass_cost(w) is
+    a pass over w tokens in target steps."""
+    return best_draft_length([alpha] * k_max, lambda k: round_cost(c, k, pass_cost(k + 1), draft_cost), shortest=1)

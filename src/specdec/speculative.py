@@ -1,41 +1,69 @@
 """Speculative sampling, Algorithm 1 of Leviathan et al. (2023); Chen et al. (2023) use the same rule.
 
 Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
-Each round: the drafter proposes x_1..x_k ~ q; one target pass scores them, giving p_1..p_{k+1};
-x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection a token is
-drawn from norm(max(0, p_i - q_i)); if all k are accepted a bonus token is drawn from p_{k+1}.
-The emitted sequence has exactly the target's distribution.
+Each round: the drafter proposes x_1..x_k ~ q (a `Draft`); one target pass scores them, giving
+p_1..p_{k+1} (`verify`); x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+rejection a token is drawn from norm(max(0, p_i - q_i)) (`residual`); if all k are accepted a bonus
+token is drawn from p_{k+1} (`accept`). The emitted sequence has exactly the target's distribution.
 
+The loop that runs these steps, for chains and token trees alike, is specdec.decoding.decode:
+    draft = drafter.propose(sequence, k)          # x_1..x_k ~ q
+    p = draft.score(target, sequence)             # one target pass: p_1..p_{k+1}
+    path, next_token = TokenLevel().accept(p, draft)
+    target.keep(k, path)                          # crop the rejected tokens from the KV cache
 Both KV caches hold every token of the sequence except the last; a rejection crops them, the
-accepted prefix is never recomputed.
-
-The draft length may change from round to round (k="auto": specdec.cost chooses it from measured
-costs and past acceptance, 0 meaning a plain target step): a round is exact for any k fixed before
-its target distribution is computed, so the output keeps the target's distribution.
+accepted prefix is never recomputed. A round is exact for any k fixed before its target distribution
+is computed, so k may change from round to round (specdec.cost).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .checks import check_generation_args
-from .cost import CostModel, draft_length_rule
-from .drafters import Draft, Drafter, share_cache
-from .metrics import Generation, Stats
-from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
-from .stopping import EosSet, truncate_at_eos
-from .timing import stopwatch
+from .sampling import Sampling, probabilities, sample
+from .tree_accept import IID
 
 
-def propose(
-    drafter: Drafter, sequence: torch.Tensor, k: int, sampling: Sampling, vocab: int, generator: torch.Generator | None
-) -> Draft:
-    """Up to k draft tokens after sequence (1, L); k = 0 calls no drafter (the round is a plain target step)."""
-    if k == 0:
-        return Draft.empty(vocab, sequence.device)
-    return drafter.propose(sequence, k, sampling, vocab, generator)
+@dataclass
+class Draft:
+    """A chain proposal: tokens x_1..x_n (n,) with the rows of q they were sampled from (n, V); n may be below k."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+    forwards: int = 0  # draft-model passes spent on this proposal
+
+    @classmethod
+    def empty(cls, vocab_size: int, device: torch.device | str) -> Draft:
+        """No draft: the round is a plain target step."""
+        return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device))
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def parents(self) -> torch.Tensor:
+        """A chain as a tree: node i's parent is node i - 1 (-1: the root, the sequence's last token)."""
+        return torch.arange(-1, self.size - 1)
+
+    @property
+    def modes(self) -> torch.Tensor:
+        """Each node is one i.i.d. child drawn from q: the tree rules then reduce to Leviathan's."""
+        return torch.full((self.size,), IID, dtype=torch.long)
+
+    def depths(self) -> list[int]:
+        return list(range(1, self.size + 1))
+
+    def score(self, target: CachedLM, sequence: torch.Tensor, sampling: Sampling, vocab: int) -> torch.Tensor:
+        """One causal target pass: p_1..p_{k+1} (k+1, V)."""
+        return verify(target, sequence, self.tokens, sampling, vocab)
+
+    def overlaps(self, p: torch.Tensor, path: list[int]) -> torch.Tensor:
+        """beta_i = sum_x min(p_i, q_i) at the positions the round tested (on the output path)."""
+        return overlap(p, self.q, min(len(path) + 1, self.size))
 
 
 def verify(
@@ -71,57 +99,11 @@ def overlap(p: torch.Tensor, q: torch.Tensor, observed: int) -> torch.Tensor:
     return torch.minimum(p[:observed], q[:observed]).sum(dim=-1)
 
 
-def speculative_generate(
-    target: PreTrainedModel,
-    drafter: Drafter,
-    input_ids: torch.Tensor,
-    *,
-    k: int | str | CostModel = 4,
-    k_max: int = 8,
-    sampling: Sampling = DEFAULT_SAMPLING,
-    max_new_tokens: int = 64,
-    eos_token_id: int | list[int] | None = None,
-    generator: torch.Generator | None = None,
-) -> Generation:
-    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution.
+class TokenLevel:
+    """Leviathan's token-level acceptance rule for a chain (`accept`); the accepted path is its first n tokens."""
 
-    k: draft tokens per round (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a
-    CostModel instance is used as given and keeps its measurements across calls.
-    """
-    rule = draft_length_rule(k, k_max, drafter)
-    check_generation_args(target, input_ids, max_new_tokens, k=k if isinstance(k, int) else None)
-    eos = EosSet(eos_token_id)
-    stats = Stats()
-    lm = CachedLM(target)
-    vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
-    sequence = input_ids.to(lm.device)
-    overlap_total = torch.zeros((), device=lm.device)
-    with stopwatch(stats.seconds, "total", lm.device):
-        with stopwatch(stats.seconds, "prefill", lm.device):
-            lm.prefill(sequence)
-            share_cache(drafter, lm)
-            drafter.start(sequence)
-        while stats.emitted < max_new_tokens:
-            choice = rule.choose(max_new_tokens - stats.emitted - 1)  # from past rounds; never past the budget
-            spent: dict[str, float] = {}
-            with stopwatch(spent, "draft", lm.device, rule.clock):
-                draft = propose(drafter, sequence, choice.k, sampling, vocab, generator)
-            with stopwatch(spent, "verify", lm.device, rule.clock):
-                p = verify(lm, sequence, draft.tokens, sampling, vocab)  # (n+1, V)
-                n, next_token = accept(p, draft.q, draft.tokens, generator)
-            stats.draft_forwards += draft.forwards
-            observed = min(n + 1, draft.tokens.numel())
-            betas = overlap(p, draft.q, observed)  # (observed,) stays on the device unless the rule reads it
-            stats.record_round(draft.tokens.numel(), n, observed)
-            stats.record_schedule(choice.k, choice.prediction, n + 1, spent)
-            rule.observe(choice.k, draft.tokens.numel(), betas, spent)
-            overlap_total += betas.sum()
-            new = truncate_at_eos(torch.cat([draft.tokens[:n], next_token]), eos)
-            sequence = torch.cat([sequence, new[None]], dim=-1)
-            stats.emitted += new.numel()
-            if eos.ended(new):
-                break
-            lm.crop(sequence.shape[-1] - 1)
-            drafter.rollback(sequence.shape[-1] - 1)
-    stats.overlap_sum = float(overlap_total)
-    return Generation(sequence[0, input_ids.shape[-1] :], stats)
+    trees = False  # verifies chains; token trees take specdec.tree_accept.TreeRules
+
+    def accept(self, p: torch.Tensor, draft: Draft, generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+        n, next_token = accept(p, draft.q, draft.tokens, generator)
+        return list(range(n)), next_token

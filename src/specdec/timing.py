@@ -15,9 +15,10 @@ from transformers import PreTrainedModel
 from .cached import CachedLM
 
 
-def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued CUDA work, so that a clock reading covers it; a no-op on the CPU."""
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for the device's queued CUDA work, so that a clock reading covers it; a no-op on the CPU and for
+    device None (a reading that need not be exact on an asynchronous device)."""
+    if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -28,7 +29,8 @@ def stopwatch(
     device: torch.device | str | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[None]:
-    """Add the seconds spent inside the block to totals[key] (clock: a fake one makes tests reproducible)."""
+    """Add the seconds spent inside the block to totals[key], synchronizing `device` on both ends (None: no
+    synchronization). clock: a fake one makes tests reproducible."""
     synchronize(device)
     start = clock()
     try:
@@ -84,7 +86,7 @@ def choose_threads(
     model: PreTrainedModel, prefix: torch.Tensor, counts: Sequence[int], width: int = 5, repeats: int = 3
 ) -> ThreadChoice:
     """Time the kinds of work a generation does with each torch thread count, interleaved so that all see
-    the same machine load; set and return the fastest. The probe: one one-token step and one pass over
+    the same machine load; return the fastest (the count is left as it was: the caller sets it). The probe: one one-token step and one pass over
     width tokens after prefix (1, L), and one pass over the whole prefix (a prompt, or scoring an output).
 
     A one-token step is memory-bound and gains little from threads; wide passes (and a bf16 draft's steps on
@@ -94,13 +96,16 @@ def choose_threads(
     if not counts or min(counts) < 1:
         raise ValueError(f"thread counts must be >= 1, got {list(counts)}")
     samples: dict[int, list[float]] = {n: [] for n in counts}
-    for _ in range(repeats):
-        for n in counts:
-            torch.set_num_threads(n)
-            samples[n].append(probe_ms(model, prefix, width))
+    previous = torch.get_num_threads()
+    try:
+        for _ in range(repeats):
+            for n in counts:
+                torch.set_num_threads(n)
+                samples[n].append(probe_ms(model, prefix, width))
+    finally:
+        torch.set_num_threads(previous)
     probe = {n: statistics.median(v) for n, v in samples.items()}
     best = min(counts, key=lambda n: (probe[n], n))
-    torch.set_num_threads(best)
     return ThreadChoice(best, probe, width, prefix.shape[-1])
 
 

@@ -21,20 +21,14 @@ a window behind each query, so trees are exact there too. Attention backends tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .checks import check_generation_args
-from .cost import FixedDraftLength, TreeChoice, TreeCostModel, breadth_first, tree_rule
-from .drafters import share_cache
-from .metrics import Generation, Stats
-from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
-from .stopping import EosSet, truncate_at_eos
-from .timing import stopwatch
-from .tree_accept import DETERMINISTIC, IID, MODE_NAMES, accept_tree, children_of
+from .cost import breadth_first, tree_depths
+from .sampling import Sampling, probabilities
+from .tree_accept import DETERMINISTIC, IID, MODE_NAMES, children_of
 
 MASKED_BACKENDS = ("eager", "sdpa")  # attention implementations that take a user-supplied 4D mask
 
@@ -55,10 +49,16 @@ class TreeDraft:
 
     def depths(self) -> list[int]:
         """Depth of each node: 1 for the root's children."""
-        depth: list[int] = []
-        for parent in self.parents.tolist():
-            depth.append(1 if parent < 0 else depth[parent] + 1)
-        return depth
+        return tree_depths(self.parents.tolist())
+
+    def score(self, target: CachedLM, sequence: torch.Tensor, sampling: Sampling, vocab: int) -> torch.Tensor:
+        """One target pass over the tail and every node (a plain step when empty): p (n+1, V)."""
+        if not self.size:
+            return probabilities(target.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
+        return verify_tree(target, sequence, self, sampling, vocab)
+
+    def overlaps(self, p: torch.Tensor, path: list[int]) -> torch.Tensor:
+        return path_overlaps(p, self, path)
 
     def ancestors(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
@@ -99,7 +99,7 @@ def merge(trees: list[TreeDraft]) -> TreeDraft:
     )
 
 
-def check_tree(tree: TreeDraft, max_nodes: int) -> None:
+def check_tree(tree: TreeDraft, max_nodes: int | None = None) -> None:
     """A non-empty tree in topological order with consistent shapes, no wider than the pass limit."""
     n = tree.size
     if n == 0:
@@ -120,7 +120,7 @@ def check_tree(tree: TreeDraft, max_nodes: int) -> None:
     unknown = set(tree.modes.tolist()) - set(MODE_NAMES)
     if unknown:
         raise ValueError(f"unknown tree modes {sorted(unknown)}; choices: {MODE_NAMES}")
-    if n > max_nodes:
+    if max_nodes is not None and n > max_nodes:
         raise ValueError(
             f"the tree has {n} nodes but the pass limit is max_nodes={max_nodes}: lower the drafter's node "
             "budget or raise max_nodes"
@@ -205,34 +205,12 @@ def tree_logits(lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft) -> torch.
 
 
 def verify_tree(
-    lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft, sampling: Sampling, vocab: int, max_nodes: int = 64
+    lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft, sampling: Sampling, vocab: int, max_nodes: int | None = None
 ) -> torch.Tensor:
     """p (n+1, V): p[0] the target after the root (the sequence's last token), p[1+i] after node i."""
     check_tree(tree, max_nodes)
     logits = tree_logits(lm, sequence, tree)  # (m + n, V_target)
     return probabilities(logits[-(tree.size + 1) :, :vocab], sampling)
-
-
-class TreeDrafter(Protocol):
-    """What tree_generate needs from a source of draft trees."""
-
-    vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
-
-    def start(self, prompt: torch.Tensor) -> None:
-        """Forget the previous sequence; prompt is (1, L)."""
-
-    def propose(
-        self,
-        sequence: torch.Tensor,
-        depth: int,
-        sampling: Sampling,
-        vocab_size: int,
-        generator: torch.Generator | None,
-    ) -> TreeDraft:
-        """A tree of depth at most `depth` continuing sequence (1, L), with q rows of width vocab_size."""
-
-    def rollback(self, length: int) -> None:
-        """Only the first `length` tokens of the last sequence are still valid."""
 
 
 def prune_tree(tree: TreeDraft, depth: int, nodes: int) -> TreeDraft:
@@ -291,99 +269,3 @@ def path_overlaps(p: torch.Tensor, tree: TreeDraft, path: list[int]) -> torch.Te
         return torch.zeros(0, device=p.device)
     q = tree.q[rows].to(p.device)  # (visited, V)
     return torch.minimum(p[nodes], q).sum(dim=-1)
-
-
-def record_tree_round(stats: Stats, tree: TreeDraft, depths: list[int], accepted: int, overlapped: int = 0) -> None:
-    """Count one pass: per-position counters by depth, `drafted` counts every node; `overlapped` positions
-    were added to stats.overlap_sum."""
-    depth = max(depths, default=0)
-    stats.record_round(depth, accepted, min(accepted + 1, depth), overlapped=overlapped)
-    stats.drafted += tree.size - depth
-    stats.tree_nodes.append(tree.size)
-    stats.tree_depths.append(depth)
-
-
-def choose(rule: FixedDraftLength | TreeCostModel | None, limit: int, max_nodes: int) -> TreeChoice:
-    """This round's depth (and node budget for a cost model), from earlier rounds only."""
-    if rule is None:
-        return TreeChoice(limit)
-    if isinstance(rule, TreeCostModel):
-        return rule.choose_tree(limit, max_nodes)
-    return TreeChoice(rule.choose(limit).k)
-
-
-def tree_generate(
-    target: PreTrainedModel,
-    drafter: TreeDrafter,
-    input_ids: torch.Tensor,
-    *,
-    sampling: Sampling = DEFAULT_SAMPLING,
-    max_new_tokens: int = 64,
-    eos_token_id: int | list[int] | None = None,
-    generator: torch.Generator | None = None,
-    max_nodes: int = 64,
-    k: int | str | TreeCostModel | None = None,
-    k_max: int = 8,
-) -> Generation:
-    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution, verifying
-    one draft tree per target pass (at most max_nodes nodes); an empty tree is a plain target step.
-
-    k: None (default): the drafter's own tree, as deep as the budget allows; an int: trees of depth at most
-    k; "auto": each round a depth 0..k_max and a node budget <= max_nodes chosen by a fresh TreeCostModel
-    from measured costs and past acceptance (the drafter is cut to them, see prune_tree); a TreeCostModel
-    instance is used as given and keeps its measurements across calls. "auto" needs a drafter with a
-    draft_cost attribute ("per_token" or "per_call").
-    """
-    if isinstance(k, int) and not isinstance(k, bool) and k < 1:
-        raise ValueError(f"k (tree depth per round) must be >= 1, 'auto', a TreeCostModel or None, got {k}")
-    rule = tree_rule(k, k_max, drafter)
-    check_generation_args(target, input_ids, max_new_tokens)
-    check_tree_backend(target)
-    if max_nodes < 1:
-        raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
-    clock = rule.clock if rule is not None else FixedDraftLength.clock
-    eos = EosSet(eos_token_id)
-    stats = Stats()
-    lm = CachedLM(target)
-    vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
-    sequence = input_ids.to(lm.device)
-    overlap_total = torch.zeros((), device=lm.device)
-    with stopwatch(stats.seconds, "total", lm.device):
-        with stopwatch(stats.seconds, "prefill", lm.device):
-            lm.prefill(sequence)
-            share_cache(drafter, lm)
-            drafter.start(sequence)
-        while stats.emitted < max_new_tokens:
-            choice = choose(rule, max_new_tokens - stats.emitted - 1, max_nodes)  # never past the budget
-            spent: dict[str, float] = {}
-            with stopwatch(spent, "draft", lm.device, clock):
-                if rule is None or choice.k:
-                    proposed = drafter.propose(sequence, choice.k, sampling, vocab, generator)
-                else:
-                    proposed = empty_tree(vocab, sequence.device)  # a plain step calls no drafter
-                tree = proposed if choice.nodes is None else prune_tree(proposed, choice.k, choice.nodes)
-            if rule is None:  # the drafter's own tree: record the depth it drafted
-                choice = TreeChoice(max(tree.depths(), default=0))
-            with stopwatch(spent, "verify", lm.device, clock):
-                if tree.size:
-                    p = verify_tree(lm, sequence, tree, sampling, vocab, max_nodes)  # (n+1, V)
-                    path, next_token = accept_tree(p, tree, generator)
-                    lm.compact(tree.size, torch.tensor(path, dtype=torch.long))
-                else:
-                    p = probabilities(lm.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
-                    path, next_token = [], sample(p, generator)
-            stats.draft_forwards += tree.forwards
-            betas = path_overlaps(p, tree, path)  # (visited,) stays on the device
-            overlap_total += betas.sum()
-            record_tree_round(stats, tree, tree.depths(), len(path), overlapped=betas.numel())
-            stats.record_schedule(choice.k, choice.prediction, len(path) + 1, spent)
-            if isinstance(rule, TreeCostModel):
-                rule.observe_tree(choice, proposed.parents.tolist(), tree.parents.tolist(), path, spent)
-            new = truncate_at_eos(torch.cat([tree.tokens[path].to(lm.device), next_token]), eos)
-            sequence = torch.cat([sequence, new[None]], dim=-1)
-            stats.emitted += new.numel()
-            if eos.ended(new):
-                break
-            drafter.rollback(sequence.shape[-1] - 1)
-    stats.overlap_sum = float(overlap_total)
-    return Generation(sequence[0, input_ids.shape[-1] :], stats)

@@ -164,3 +164,16 @@ def accept_tree(
         node = kids[j]
         path.append(node)
     return path, sample(p[node + 1][None], generator)
+
+
+class TreeRules:
+    """The exact tree rules as the decoding loop's acceptance rule: accept_tree on a tree (or a chain, whose
+    i.i.d. children make it Leviathan's rule, one host sync per accepted node)."""
+
+    trees = True  # the loop keeps per-pass tree sizes and depths
+
+    def __init__(self, rule: SiblingRule = siblings):
+        self.rule = rule
+
+    def accept(self, p: torch.Tensor, tree: Tree, generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+        return accept_tree(p, tree, generator, rule=self.rule)

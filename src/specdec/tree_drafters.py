@@ -12,7 +12,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM, logits_width
-from .drafters import Drafter, TargetStates, share_cache
+from .decoding import share_cache
+from .drafters import Drafter, TargetStates
 from .sampling import Sampling, probabilities, sample
 from .tree import TreeDraft, chain, empty_tree, merge
 from .tree_accept import DETERMINISTIC, DISTINCT, IID
@@ -250,24 +251,13 @@ class ModelTreeDrafter:
         )
 
 
-class HybridTreeDrafter:
+class HybridTreeDrafter(ModelTreeDrafter):
     """An n-gram trie and a model tree under one root: the n-gram's deterministic children first, then the
-    model's; each keeps its own node budget."""
+    model's; each keeps its own node budget. model and the keyword options are ModelTreeDrafter's."""
 
-    draft_cost = "per_token"  # k="auto": the model branch dominates drafting time
-
-    def __init__(self, ngram: NGramTreeDrafter, model: ModelTreeDrafter):
-        self.ngram, self.model = ngram, model
-        self.vocab_size = model.vocab_size
-
-    def share_cache(self, target: CachedLM) -> None:
-        self.model.share_cache(target)
-
-    def start(self, prompt: torch.Tensor) -> None:
-        self.model.start(prompt)
-
-    def rollback(self, length: int) -> None:
-        self.model.rollback(length)
+    def __init__(self, model: PreTrainedModel, ngram: NGramTreeDrafter, **options):
+        super().__init__(model, **options)
+        self.ngram = ngram
 
     def propose(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
@@ -275,6 +265,6 @@ class HybridTreeDrafter:
         return merge(
             [
                 self.ngram.propose(sequence, depth, sampling, vocab_size, generator),
-                self.model.propose(sequence, depth, sampling, vocab_size, generator),
+                super().propose(sequence, depth, sampling, vocab_size, generator),
             ]
         )

@@ -1,0 +1,244 @@
+"""One decoding loop for every proposal shape: chains (Leviathan et al. 2023) and token trees alike.
+
+Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
+
+    prefill                 cache the prompt but its last token in the target (and the drafter)
+    repeat until the budget or an end-of-sequence token:
+        choose              the rule fixes k (a tree: depth and node budget) from earlier rounds only
+        propose             the drafter drafts x ~ q: a chain (specdec.speculative.Draft) or a tree
+        score               one target pass over the proposal: p at every node
+        accept              the acceptance rule walks it: accepted path and the target's next token
+        commit              both caches keep the sequence but its last token (a crop, or a compaction)
+        observe             the rule and the statistics see the finished round
+
+The split follows vLLM's speculative decoding (proposer, scorer, rejection sampler): a new capability
+is a class at one seam (a drafter, a rule, an acceptance rule), never a second loop. The acceptance
+rules (specdec.speculative.TokenLevel for chains, specdec.tree_accept.TreeRules for trees) emit the
+target's distribution for any proposal fixed before p is seen, so the whole output is exact.
+
+The loop state is one `Sequence` (the tokens so far, what is left of the budget, whether it ended);
+the loop reads and extends it only through its methods, so that a batch of rows of different
+lengths can take its place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import CachedLM
+from .checks import check_generation_args
+from .cost import Choice, Rule, draft_rule
+from .drafters import Drafter, Proposal
+from .metrics import Generation, Stats
+from .sampling import DEFAULT_SAMPLING, Sampling
+from .speculative import Draft, TokenLevel
+from .stopping import EosSet, truncate_at_eos
+from .timing import stopwatch
+from .tree import check_tree_backend, prune_tree
+from .tree_accept import TreeRules
+
+
+class AcceptanceRule(Protocol):
+    """How a scored proposal is accepted: the accepted node ids (path order) and the target's next token."""
+
+    trees: bool  # True: the statistics keep each pass's tree size and depth
+
+    def accept(self, p: torch.Tensor, proposal: Proposal, generator: torch.Generator | None
+               ) -> tuple[list[int], torch.Tensor]: ...
+
+
+@dataclass
+class Round:
+    """One finished round, as the rule and the statistics observe it."""
+
+    choice: Choice
+    proposed: Proposal  # what the drafter returned
+    verified: Proposal  # what the target scored (a tree cut to the chosen node budget)
+    path: list[int]  # accepted node ids of `verified`, in path order
+    overlaps: torch.Tensor  # (observed,) beta = sum_x min(p, q) on the output path, on the device
+    seconds: dict[str, float]  # "draft", "verify"
+
+    @property
+    def depth(self) -> int:
+        return max(self.verified.depths(), default=0)
+
+
+class Sequence:
+    """The loop state: the tokens so far (1, L), how many are new, and whether an end token arrived."""
+
+    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, eos: EosSet):
+        self.tokens = input_ids
+        self.prompt_length = input_ids.shape[-1]
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.ended = False
+
+    @property
+    def emitted(self) -> int:
+        return self.tokens.shape[-1] - self.prompt_length
+
+    @property
+    def active(self) -> bool:
+        return not self.ended and self.emitted < self.max_new_tokens
+
+    def room(self) -> int:
+        """Draft tokens a round may still add: one token of the budget is always the target's own."""
+        return self.max_new_tokens - self.emitted - 1
+
+    def extend(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
+        """Append the accepted tokens and the target's next token, cut after an end-of-sequence token."""
+        new = truncate_at_eos(torch.cat([accepted, next_token]), self.eos)  # (n,)
+        self.tokens = torch.cat([self.tokens, new[None]], dim=-1)
+        self.ended = self.eos.ended(new)
+
+    def new_tokens(self) -> torch.Tensor:
+        return self.tokens[0, self.prompt_length :]
+
+
+def share_cache(drafter: object, target: CachedLM) -> None:
+    """Offer the target's cache to a drafter that can read it (a copy of the target built to read it)."""
+    share = getattr(drafter, "share_cache", None)
+    if share is not None:
+        share(target)
+
+
+def prefill(target: CachedLM, drafter: Drafter, sequence: torch.Tensor) -> None:
+    """Cache the prompt but its last token; the drafter starts the sequence (reading the target's cache if it can)."""
+    target.prefill(sequence)
+    share_cache(drafter, target)
+    drafter.start(sequence)
+
+
+def propose(
+    drafter: Drafter, sequence: torch.Tensor, choice: Choice, room: int, sampling: Sampling, vocab: int,
+    generator: torch.Generator | None,
+) -> Proposal:
+    """The drafter's proposal of length (depth) choice.k, or up to `room` for k=None; k = 0 calls no drafter
+    (the round is a plain target step)."""
+    if choice.k == 0:
+        return Draft.empty(vocab, sequence.device)
+    return drafter.propose(sequence, room if choice.k is None else choice.k, sampling, vocab, generator)
+
+
+def cut(proposal: Proposal, choice: Choice, max_nodes: int) -> Proposal:
+    """The proposal cut to the chosen node budget (prune_tree), refused when wider than the pass limit."""
+    verified = proposal if choice.nodes is None else prune_tree(proposal, choice.k, choice.nodes)
+    if verified.size > max_nodes:
+        raise ValueError(
+            f"the proposal has {verified.size} tokens but the pass limit is max_nodes={max_nodes}: lower the "
+            "drafter's node budget or raise max_nodes"
+        )
+    return verified
+
+
+def observe(stats: Stats, rule: Rule, round: Round, trees: bool) -> None:
+    """The rule learns from the round; the statistics count it."""
+    accepted = len(round.path)
+    stats.draft_forwards += round.verified.forwards
+    stats.record_round(round.verified.size, round.depth, accepted, round.overlaps.numel(), tree=trees)
+    chosen = round.depth if round.choice.k is None else round.choice.k
+    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds)
+    rule.observe(round)
+
+
+def decode(
+    target: PreTrainedModel,
+    drafter: Drafter,
+    input_ids: torch.Tensor,
+    *,
+    rule: Rule,
+    acceptance: AcceptanceRule,
+    sampling: Sampling = DEFAULT_SAMPLING,
+    max_new_tokens: int = 64,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    max_nodes: int = 64,
+    cache: CachedLM | None = None,
+    phase_times: bool = False,
+) -> Generation:
+    """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution.
+
+    cache: the target's CachedLM to decode into (empty; e.g. one the caller preallocated), else a new one.
+    phase_times: synchronize the device around the draft and verify phases of every round so that their
+    times are exact; rules that read times (rule.clock) always get them. Off, a CUDA run's phase split is
+    only indicative (the total is always synchronized); on a CPU it changes nothing.
+    """
+    check_generation_args(target, input_ids, max_new_tokens)
+    lm = cache if cache is not None else CachedLM(target)
+    if lm.model is not target or lm.length:
+        raise ValueError("cache must be an empty CachedLM of the target (CachedLM(target), or after its reset())")
+    vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
+    state = Sequence(input_ids.to(lm.device), max_new_tokens, EosSet(eos_token_id))
+    stats = Stats()
+    overlap_total = torch.zeros((), device=lm.device)
+    clock = rule.clock or time.perf_counter
+    sync = lm.device if (phase_times or rule.clock is not None) else None
+    with stopwatch(stats.seconds, "total", lm.device):
+        with stopwatch(stats.seconds, "prefill", lm.device):
+            prefill(lm, drafter, state.tokens)
+        while state.active:
+            choice = rule.choose(state.room())  # from past rounds; never past the budget
+            spent: dict[str, float] = {}
+            with stopwatch(spent, "draft", sync, clock):
+                proposed = propose(drafter, state.tokens, choice, state.room(), sampling, vocab, generator)
+                verified = cut(proposed, choice, max_nodes)
+            with stopwatch(spent, "verify", sync, clock):
+                p = verified.score(lm, state.tokens, sampling, vocab)  # (n+1, V)
+                path, next_token = acceptance.accept(p, verified, generator)
+                lm.keep(verified.size, path)
+            round = Round(choice, proposed, verified, path, verified.overlaps(p, path), spent)
+            observe(stats, rule, round, acceptance.trees)
+            overlap_total += round.overlaps.sum()
+            state.extend(verified.tokens[path].to(lm.device), next_token)
+            if state.active:
+                drafter.rollback(state.tokens.shape[-1] - 1)
+    stats.emitted = state.emitted
+    stats.overlap_sum = float(overlap_total)
+    return Generation(state.new_tokens(), stats)
+
+
+def speculative_generate(
+    target: PreTrainedModel,
+    drafter: Drafter,
+    input_ids: torch.Tensor,
+    *,
+    k: int | str | Rule = 4,
+    k_max: int = 8,
+    **options,
+) -> Generation:
+    """Speculative sampling over chains of draft tokens (Leviathan's Algorithm 1): decode with the token-level
+    rule. k: draft tokens per round (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a
+    rule (a CostModel instance) is used as given and keeps its measurements across calls. options: decode's."""
+    rule = draft_rule(k, k_max, drafter)
+    return decode(target, drafter, input_ids, rule=rule, acceptance=TokenLevel(), **options)
+
+
+def tree_generate(
+    target: PreTrainedModel,
+    drafter: Drafter,
+    input_ids: torch.Tensor,
+    *,
+    k: int | str | Rule | None = None,
+    k_max: int = 8,
+    max_nodes: int = 64,
+    **options,
+) -> Generation:
+    """Speculative sampling over token trees: decode with the exact tree rules, one draft tree per target
+    pass (at most max_nodes nodes); an empty tree is a plain target step.
+
+    k: None (default): the drafter's own tree, as deep as the budget allows; an int: trees of depth at most
+    k; "auto": each round a depth 0..k_max and a node budget <= max_nodes chosen by a fresh TreeCostModel
+    from measured costs and past acceptance (the drafter is cut to them, see prune_tree); a rule (a
+    TreeCostModel instance) is used as given and keeps its measurements across calls. "auto" needs a drafter
+    with a draft_cost attribute ("per_token" or "per_call"). options: decode's.
+    """
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
+    rule = draft_rule(k, k_max, drafter, trees=True, max_nodes=max_nodes)
+    check_tree_backend(target)
+    return decode(target, drafter, input_ids, rule=rule, acceptance=TreeRules(), max_nodes=max_nodes, **options)
