@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import math
 
-from specdec.metrics import expected_tokens_per_pass, walltime_improvement
+from specdec.metrics import walltime_improvement
 
 from .bench_figures import decode_rate, geomean
-from .contenders import CONTENDERS, EQUAL_WIDTH, HF_PROMPT_LOOKUP_TOKENS
 
+MODEL_CHAIN = "default"  # our chain with the draft model at fixed k: the default run's configuration
 HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, at the same k
-    "speedup_vs_hf_assisted": ("spec_model", "hf_assisted"),
+    "speedup_vs_hf_assisted": (MODEL_CHAIN, "hf_assisted"),
     "speedup_vs_hf_prompt_lookup": ("spec_ngram", "hf_lookup"),
     "ar_vs_hf_plain": ("ar", "hf_plain"),
 }
-
-
-def lookup_k(name: str, k: int) -> int:
-    """The draft length of a Hugging Face prompt-lookup contender."""
-    if name == "hf_lookup":
-        return k
-    if name == "hf_lookup_default":
-        return HF_PROMPT_LOOKUP_TOKENS
-    return int(name.removeprefix("hf_lookup_k"))
+EQUAL_WIDTH = {"ngram": ("spec_ngram", "tree_ngram"), "model": (MODEL_CHAIN, "tree_model")}  # (chain, tree)
 
 
 def ratios(result: dict) -> tuple[dict[str, float], str | None]:
@@ -54,7 +46,7 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
         return max(names, key=category_geomean, default=None)
 
     def group(owner: str, *drafts: str) -> list[str]:
-        return [n for n in c if n in CONTENDERS and CONTENDERS[n].owner == owner and CONTENDERS[n].drafts in drafts]
+        return [n for n in c if c[n]["owner"] == owner and c[n]["drafts"] in drafts]
 
     if "ar" in c:
         result["vs_target_only"] = {
@@ -67,14 +59,14 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
             if name != "ar"
         }
     out = {ratio: tps(ours) / tps(hf) for ratio, (ours, hf) in HEADLINE.items()}
-    speedup = tps("spec_model") / tps("ar")
-    alpha = (c.get("spec_model", {}).get("stats") or {}).get("alpha")
+    speedup = tps(MODEL_CHAIN) / tps("ar")
+    alpha = (c.get(MODEL_CHAIN, {}).get("stats") or {}).get("alpha")
     cost = result["costs"]
-    if alpha is not None and "ar" in c:
+    if alpha is not None and "ar" in c and isinstance(k, int) and c[MODEL_CHAIN]["drafts"] == "model":
         theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
         verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
-        refined = expected_tokens_per_pass(min(alpha, 1.0), k) / (k * cost["c"] + verify_ratio)
-        decode = decode_rate(c["spec_model"]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
+        refined = walltime_improvement(min(alpha, 1.0), cost["c"], k, verify_ratio)  # with the measured pass
+        decode = decode_rate(c[MODEL_CHAIN]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
         out.update(
             spec_model_vs_ar=speedup,
             alpha=alpha,
@@ -109,10 +101,10 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     )
     out["vs_hf_prompt_lookup_same_k"] = geomean(over_categories("spec_ngram", "hf_lookup"))
     if hf_fixed:
-        chosen["hf_lookup_best_k"] = lookup_k(hf_fixed, k)
+        chosen["hf_lookup_best_k"] = c[hf_fixed]["prompt_lookup"]
     out["vs_hf_assisted_default"] = geomean(over_categories(model, "hf_assisted_default")) if model else math.nan
     out["vs_hf_assisted_fixed_k"] = geomean(over_categories(model, "hf_assisted")) if model else math.nan
-    out["vs_hf_assisted_same_k"] = geomean(over_categories("spec_model", "hf_assisted"))
+    out["vs_hf_assisted_same_k"] = geomean(over_categories(MODEL_CHAIN, "hf_assisted"))
     both = [out["vs_hf_assisted_default"], out["vs_hf_assisted_fixed_k"]]
     out["vs_hf_assisted"] = float("nan") if any(map(math.isnan, both)) else min(both)
     result["best"] = chosen
@@ -121,7 +113,7 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     return out, best_name
 
 
-def annotate_goals(goals: dict, best: dict, k: int) -> None:
+def annotate_goals(goals: dict, best: dict, k: int, contenders: dict) -> None:
     """Name, next to each goal ratio, the contenders it compares."""
     for key in ("best_vs_target_only_geomean", "best_vs_target_only_min_category"):
         if key in goals:
@@ -130,7 +122,7 @@ def annotate_goals(goals: dict, best: dict, k: int) -> None:
         goals["vs_hf_prompt_lookup"].update(
             contender=best.get("ngram"),
             against="hf_lookup_default",
-            against_k=HF_PROMPT_LOOKUP_TOKENS,
+            against_k=contenders.get("hf_lookup_default", {}).get("prompt_lookup"),
             hf_best_fixed_k=best.get("hf_lookup_best_k"),
             hf_best_fixed_k_contender=best.get("hf_lookup_fixed_k"),
         )
@@ -143,13 +135,14 @@ def annotate_goals(goals: dict, best: dict, k: int) -> None:
 def chain_vs_tree(result: dict) -> dict:
     """Tokens per target pass (and tokens/s, and measured seconds per pass) of a chain and a tree of the same
     pass width, per drafter."""
-    c, settings = result["contenders"], result["settings"]
+    c = result["contenders"]
     out = {}
-    for drafter, (wide, fixed, tree) in EQUAL_WIDTH.items():
-        chain = wide if wide in c else fixed if settings["k"] == settings.get("nodes") else None
+    for drafter, (chain, tree) in EQUAL_WIDTH.items():
         if not (chain in c and tree in c and "stats" in c[chain] and "stats" in c[tree]):
             continue
-        entry = {"pass_width": settings["nodes"] + 1}
+        if c[chain]["pass_width"] is None or c[chain]["pass_width"] != c[tree]["pass_width"]:
+            continue
+        entry = {"pass_width": c[chain]["pass_width"]}
         for shape, name in (("chain", chain), ("tree", tree)):
             st = c[name]["stats"]
             entry[shape] = {
@@ -181,3 +174,31 @@ def cost_model_check(c: dict) -> dict:
                 "chosen_k_histogram": st["chosen_k_histogram"],
             }
     return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (length mismatch counts), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "ar") -> dict:
+    """Greedy decoding is deterministic and lossless: every contender must emit the reference's tokens."""
+    mismatches = []
+    for name, per_input in outputs.items():
+        for key, tokens in per_input.items():
+            at = first_difference(tokens, outputs[reference][key])
+            if at is not None:
+                mismatches.append({"contender": name, "prompt": key, "first_difference": at})
+    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches}
+
+
+def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:
+    """Named ratios of two contenders' median tokens/s (pooled over the prompts): ours over theirs."""
+    unknown = sorted({name for pair in pairs.values() for name in pair} - set(contenders))
+    if unknown:
+        raise ValueError(f"bench.pairwise names contenders that did not run: {unknown}")
+    return {key: contenders[a]["tokens_per_second"]["median"] / contenders[b]["tokens_per_second"]["median"]
+            for key, (a, b) in pairs.items()}  # fmt: skip

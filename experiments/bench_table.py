@@ -13,12 +13,15 @@ def bench_table(result: dict) -> str:
     vs width, the cost model's prediction, the other ratios, the greedy check and the machine."""
     s = result["settings"]
     head = (
-        f"k={s['k']}, k_max={s.get('k_max')}, tree nodes={s.get('nodes')}, temperature={s['temperature']}, "
+        f"model={s.get('model')}, k={s['k']}, k_max={s.get('k_max')}, temperature={s['temperature']}, "
         f"max_new_tokens={s['max_new_tokens']}, repetitions={s['repetitions']}, prompts={len(s['prompts'])}"
     )
-    lines = [head]
-    if s.get("model"):
-        lines += ["", f"Pairs: --model {s['model']} (draft: {s.get('draft')}), --ngram {s.get('ngram')}."]
+    lines = [head, "", (f"The default run drafts with {s.get('draft')}. Each contender is `python -m experiments.run` "
+             "with the bench's command line and these overrides:"), ""]
+    lines.append(markdown_table(
+        ["contender", "method", "overrides"],
+        [[name, f["method"], " ".join(f["overrides"]) or "(the default run)"] for name, f in result["contenders"].items()],
+    ))  # fmt: skip
     if "calibration" in result:
         lines += ["", f"Draft calibration chose {result['calibration']['chosen']}: {result['calibration']['reason']}"]
     if "machine" in result:
@@ -163,6 +166,9 @@ def bench_table(result: dict) -> str:
         ]
         for key, value in result["ratios"].items()
     ]
+    if result.get("pairwise"):
+        lines += ["", "Pairwise (median tokens/s, ours over theirs):", "",
+                  markdown_table(["ratio", "value"], [[k, v] for k, v in result["pairwise"].items()])]  # fmt: skip
     lines += [
         "",
         f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",

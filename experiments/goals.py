@@ -19,15 +19,12 @@ GOALS: dict[str, float] = {
     # assisted generation with the same draft, the lower of its default dynamic schedule (confidence
     # threshold on) and a fixed k
     "vs_hf_assisted": 1.20,
-    # same k, same draft, fixed schedule: the loops' own overhead against each other
-    "speedup_vs_hf_assisted": 1.25,
-    "speedup_vs_hf_prompt_lookup": 1.15,
+    # our target-only loop against Hugging Face's plain generate: the loop's own overhead
     "ar_vs_hf_plain": 0.95,
-    # measured speedup over Thm 3.8's prediction for the measured alpha and c
-    "efficiency_vs_theory": 0.9,
-    "best_drafter_vs_ar_summarization": 2.0,
-    "best_drafter_vs_ar_retrieval": 2.0,
 }
+# Ratios bench.json still reports but no longer holds to a target (retired goals): ours over Hugging Face's
+# at the same k and draft (speedup_vs_hf_assisted, speedup_vs_hf_prompt_lookup), measured over Thm 3.8
+# (efficiency_vs_theory), the best drafter in summarization and retrieval (best_drafter_vs_ar_*).
 
 
 # the four ratios issue 9 asks for, in its order

@@ -29,26 +29,18 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec import (
-    Generation,
-    Sampling,
-    Stats,
-    autoregressive_generate,
-    draft_then_score,
-    speculative_generate,
-    tree_generate,
-)
+from specdec import Stats
 from specdec.models import encode_prompt
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 
-from .drafting import chain_k, longest_draft, tree_depth_rule, tree_drafter, uses_tree
+from .choices import write_choices
 from .figures import run_figures
 from .logger import make_logger
-from .pair import Pair, load_pair_once, write_calibration
+from .methods import Setup, setup_of
+from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
 from .records import machine, peak_memory, strict_json, write_json
-from .schema import AUTO
-from .settings import ConfigError, methods_of, sampling_of, validate
+from .settings import ConfigError, Plan, check_renamed, plan_of
 from .summary import mean, method_table, naive_sentence, run_metrics, write_summary
 
 log = logging.getLogger(__name__)
@@ -58,31 +50,6 @@ logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
     "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "tree_nodes", "tree_depths",
 )  # fmt: skip
-
-
-def generate(
-    method: str, pair: Pair, ids: torch.Tensor, cfg: DictConfig, sampling: Sampling, n: int
-) -> Generation:
-    """One generation of n new tokens with a fresh generator seeded with cfg.seed."""
-    generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
-    common = {
-        "sampling": sampling,
-        "max_new_tokens": n,
-        "eos_token_id": pair.eos_token_id,
-        "generator": generator,
-    }
-    if method == "autoregressive":
-        return autoregressive_generate(pair.target, ids, **common)
-    if method == "speculative" and uses_tree(cfg):
-        drafter = tree_drafter(cfg.tree, pair)
-        k, k_max, max_nodes = tree_depth_rule(cfg), cfg.k_max, cfg.tree.max_nodes
-        return tree_generate(pair.target, drafter, ids, max_nodes=max_nodes, k=k, k_max=k_max, **common)
-    if method == "speculative":
-        return speculative_generate(pair.target, pair.drafter, ids, k=cfg.k, k_max=cfg.k_max, **common)
-    return draft_then_score(
-        pair.target, pair.draft_model, ids, draft_tokenizer=pair.draft_tokenizer, target_tokenizer=pair.tokenizer,
-        **common,
-    )  # fmt: skip
 
 
 def round_means(stats: Stats) -> dict[str, float | None]:
@@ -105,16 +72,15 @@ def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torc
     }
 
 
-def prompt_rows(
-    prompt: Prompt, pair: Pair, cfg: DictConfig, sampling: Sampling, methods: list[str]
-) -> list[dict]:
+def prompt_rows(prompt: Prompt, setup: Setup) -> list[dict]:
     """Run every method on one prompt; one row per method with stats, quality, memory and text."""
-    ids = encode_prompt(pair.tokenizer, prompt.text, chat=cfg.dataset.chat)  # (1, L)
+    plan, pair = setup.plan, setup.pair
+    ids = encode_prompt(pair.tokenizer, prompt.text, chat=plan.chat)  # (1, L)
     outputs, memory = {}, {}
-    for method in methods:
-        with peak_memory(cfg.device) as memory[method]:
-            outputs[method] = generate(method, pair, ids, cfg, sampling, cfg.max_new_tokens)
-    reference = outputs["autoregressive"].tokens if sampling.greedy else None
+    for method in plan.methods:
+        with peak_memory(plan.device) as memory[method]:
+            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
+    reference = outputs["autoregressive"].tokens if plan.greedy else None
     scored: dict[tuple[int, ...], dict] = {}  # identical outputs (greedy) are scored by the target once
     rows = []
     for method, out in outputs.items():
@@ -141,11 +107,11 @@ def prompt_rows(
     return rows
 
 
-def warm_up(prompt: Prompt, pair: Pair, cfg: DictConfig, sampling: Sampling, methods: list[str]) -> None:
+def warm_up(prompt: Prompt, setup: Setup) -> None:
     """One short generation per method (allocator, kernels, caches), not recorded."""
-    ids = encode_prompt(pair.tokenizer, prompt.text, chat=cfg.dataset.chat)
-    for method in methods:
-        generate(method, pair, ids, cfg, sampling, cfg.warmup_tokens)
+    ids = encode_prompt(setup.pair.tokenizer, prompt.text, chat=setup.plan.chat)
+    for method in setup.plan.methods:
+        setup.generate(method, ids, setup.plan.warmup_tokens)
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:
@@ -161,19 +127,20 @@ def read_rows(path: Path) -> pd.DataFrame:
         return pd.DataFrame([json.loads(line) for line in f if line.strip()])
 
 
-def run_keys(cfg: DictConfig, pair: Pair) -> dict:
+def run_keys(cfg: DictConfig, setup: Setup) -> dict:
     """The settings that tell runs of a sweep apart (saved with the summary for the report)."""
+    pair, trees = setup.pair, setup.plan.trees
     return {
         "model": cfg.model.name,
-        "draft_kind": cfg.model.draft.kind,
+        "draft": pair.draft,  # what drafts, from its config node
         "target_quantization": pair.target_quantization,
         "draft_quantization": pair.draft_quantization,
         "method": cfg.method,
         "k": cfg.k,
         "k_max": cfg.k_max,
-        "tree": cfg.tree.kind,
-        "tree_node_budget": cfg.tree.nodes if uses_tree(cfg) else None,  # rows hold tree_nodes per round
-        "tree_depth": cfg.tree.depth if uses_tree(cfg) else None,
+        "tree": type(setup.drafter).__name__ if trees else "none",
+        "tree_node_budget": cfg.tree.get("nodes") if trees else None,  # rows hold tree_nodes per round
+        "tree_depth": cfg.tree.get("depth") if trees else None,
         "temperature": float(cfg.temperature),
         "top_k": cfg.top_k,
         "top_p": float(cfg.top_p),
@@ -194,16 +161,14 @@ def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
     return table.reset_index()
 
 
-def summarize(
-    run_dir: Path, cfg: DictConfig, keys: dict, prompts: list[Prompt], logger, greedy: bool
-) -> pd.DataFrame:
+def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logger) -> pd.DataFrame:
     """Table, metrics, histograms, figures and logs from the rows in results.jsonl."""
     rows = read_rows(run_dir / "results.jsonl")
     table = method_table(rows)
-    k, longest = chain_k(cfg), longest_draft(cfg)
+    k, longest = plan.chain_k, plan.longest
     metrics, histograms = run_metrics(table, rows, k, longest)
     text = write_summary(
-        run_dir, keys, table, metrics, histograms, naive_sentence(table, greedy), rows["prompt_id"].nunique()
+        run_dir, keys, table, metrics, histograms, naive_sentence(table, plan.greedy), rows["prompt_id"].nunique()
     )  # fmt: skip
     figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
     scalar_rows = rows.drop(columns=list(LIST_FIELDS))
@@ -222,14 +187,15 @@ def interrupt_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> pd.DataFrame | None:
-    """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table."""
-    validate(cfg)
-    if cfg.get("threads") and cfg.threads != AUTO:  # auto: measured once the target is loaded (pair.py)
-        torch.set_num_threads(cfg.threads)
-    sampling, methods = sampling_of(cfg), methods_of(cfg)
+def run_experiment(
+    cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None, pairs: Pairs | None = None
+) -> pd.DataFrame | None:
+    """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table.
+    pairs: the pair cache of a sweep (its jobs share a pair while the weights stay the same)."""
+    plan_of(cfg)  # a bad value fails before any dataset or model loads
     prompts = load_prompts(cfg.dataset)
-    pair = load_pair_once(cfg)
+    setup = setup_of(cfg, pairs or Pairs())
+    plan, pair, methods = setup.plan, setup.pair, setup.plan.methods
     if pair.target_quantization != "none":
         log.warning(
             "the target is %s-quantized: its logits depend on the other tokens in a forward pass, so "
@@ -237,20 +203,20 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
             pair.target_quantization,
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = machine(str(cfg.device))
+    env = machine(plan.device)
     write_json(run_dir / "environment.json", env)
-    write_calibration(run_dir, pair)  # model.draft.kind=calibrated: calibration.md / .json, read by write_summary
-    keys = run_keys(cfg, pair)
+    write_choices(run_dir, pair.threads, pair.calibration)  # threads.md, calibration.md: read by write_summary
+    keys = run_keys(cfg, setup)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
-    schedule = f"tree{cfg.tree.kind}-k{tree_depth_rule(cfg)}" if uses_tree(cfg) else f"k{cfg.k}"
+    schedule = f"tree{keys['tree']}-k{plan.tree_k}" if plan.trees else f"k{plan.k}"
     name = f"{keys['model']}-{keys['draft_quantization']}-{schedule}-T{keys['temperature']:g}"
     logger = make_logger(cfg.logger, run_dir, config, name)
     interrupted, done = False, 0
     interrupt_on_sigterm()
     try:
-        warm_up(prompts[0], pair, cfg, sampling, methods)
+        warm_up(prompts[0], setup)
         for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
-            rows = prompt_rows(prompt, pair, cfg, sampling, methods)
+            rows = prompt_rows(prompt, setup)
             append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
             logger.log_prompt(index, rows)
             done += 1
@@ -260,7 +226,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     table = None
     try:
         if done:
-            table = summarize(run_dir, cfg, keys, prompts, logger, sampling.greedy)
+            table = summarize(run_dir, plan, keys, prompts, logger)
     finally:
         logger.finish(interrupted)
     if interrupted:
@@ -268,15 +234,25 @@ def run_experiment(cfg: DictConfig, run_dir: Path, overrides: list[str] | None =
     return table
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main() -> None:
+    """The Hydra app: one run per job; the jobs of a sweep share one pair cache."""
+    pairs = Pairs()
+
+    @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+    def job(cfg: DictConfig) -> None:
+        try:
+            run_experiment(cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task),
+                           pairs)  # fmt: skip
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            sys.exit(2)
+
     try:
-        run_experiment(
-            cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task)
-        )
+        check_renamed(sys.argv[1:])
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
+    job()
 
 
 if __name__ == "__main__":

@@ -10,11 +10,31 @@ from typing import TypeVar
 
 import torch
 
+from specdec import Generation
 from specdec.timing import stopwatch
 
-from .contenders import Output
-
 Item = TypeVar("Item")
+
+
+@dataclass
+class Output:
+    tokens: torch.Tensor  # (n,) new tokens
+    stats: dict | None = None  # our Stats summary; None for Hugging Face's loops
+
+
+def output_of(g: Generation, ours: bool) -> Output:
+    """A contender's output; our loops add their Stats summary, with the per-round lists as totals (chosen
+    draft lengths for k="auto", tree sizes)."""
+    if not ours:
+        return Output(g.tokens)
+    summary = g.stats.summary()
+    summary.update(
+        chosen_k_histogram=g.stats.chosen_k_histogram,
+        tree_rounds=len(g.stats.tree_nodes),
+        tree_nodes_sum=sum(g.stats.tree_nodes),
+        tree_depth_sum=sum(g.stats.tree_depths),
+    )
+    return Output(g.tokens, summary)
 
 
 @dataclass

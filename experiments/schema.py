@@ -9,7 +9,10 @@ accepted values, before any model loads.
 
 Values whose errors must name the choices are annotated `Any` for OmegaConf (its own type errors
 list no choices); the constraint lives in the field's metadata, read by `settings.check_node`.
-A new group (e.g. a tree block) is a dataclass here, a field of RunConfig and a folder in conf/.
+
+Drafters and trees are not described here: their nodes (model.draft, tree) name a class with `_target_`
+and hold its constructor's arguments (conf/draft/, conf/tree/), and the constructor validates them
+(hydra.utils.instantiate builds them; experiments.pair). A new drafter is one class and one YAML file.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +23,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from specdec.models import DTYPES, QUANTIZATIONS
-from specdec.tree_drafters import CHILDREN
 
 
 class Method(str, Enum):
@@ -29,15 +31,8 @@ class Method(str, Enum):
     SPECULATIVE = "speculative"
     NAIVE = "naive"  # the article's draft-then-score
     AUTOREGRESSIVE = "autoregressive"  # the target-only baseline alone
-    ALL = "all"
-
-
-class DraftKind(str, Enum):
-    MODEL = "model"  # a second language model with the target's tokenizer
-    QUANTIZED_COPY = "quantized_copy"  # the target's own weights, quantized
-    TRUNCATED_COPY = "truncated_copy"  # the target's first n_layers blocks with its embeddings and head
-    NGRAM = "ngram"  # prompt lookup: no draft model
-    CALIBRATED = "calibrated"  # the fastest of `candidates` on this machine, measured at the start of the run
+    HF = "hf"  # Hugging Face generate (plain, assisted or prompt lookup: conf/hf/)
+    ALL = "all"  # speculative and naive
 
 
 class AppliesTo(str, Enum):
@@ -93,40 +88,17 @@ class TargetConfig:
 
 
 @dataclass
-class DraftConfig:
-    """One dataclass for every kind; DRAFT_NEEDS says which keys each kind requires."""
-
-    kind: Any = choice(DraftKind)
-    name: Any = None
-    gated: bool = False
-    quantization: Any = choice(QUANTIZATIONS, default=None, optional=True)
-    compute_dtype: Any = choice(DTYPE_CHOICES, default=None, optional=True)
-    n_layers: Any = integer(1, default=None, optional=True)
-    min_ngram: Any = integer(1, default=None, optional=True)
-    max_ngram: Any = integer("min_ngram", default=None, optional=True)
-    candidates: Any = None  # calibrated: names from specdec.calibration.CANDIDATES, checked by experiments.pair
-    fused_4bit: bool = True  # false: bitsandbytes 4-bit drafts take the non-fused CPU path (force_unfused_4bit)
-    reads_target_cache: bool = True  # a copy of the target drafts from the target's KV cache (ModelDrafter)
-
-
-DRAFT_NEEDS: dict[DraftKind, tuple[str, ...]] = {
-    DraftKind.MODEL: ("name",),
-    DraftKind.QUANTIZED_COPY: ("quantization",),
-    DraftKind.TRUNCATED_COPY: ("n_layers",),
-    DraftKind.NGRAM: ("min_ngram", "max_ngram"),
-    DraftKind.CALIBRATED: ("candidates", "min_ngram", "max_ngram"),
-}
-
-
-@dataclass
 class ModelPairConfig:
     name: str = MISSING
     target: TargetConfig = field(default_factory=TargetConfig)
-    draft: DraftConfig = field(default_factory=DraftConfig)
+    draft: Any = MISSING  # a drafter's _target_ node (conf/draft/), or {candidates: {name: node}} to calibrate
+    draft_name: Any = None  # a second draft model's hub id or folder (conf/draft/model.yaml reads it)
     device: Any = MISSING
     dtype: Any = choice(DTYPE_CHOICES)
     k: Any = integer(1, default=4, also=(AUTO,))  # the pair's default k (conf/config.yaml: k: ${model.k})
     k_max: Any = integer(1, default=8)
+    reads_target_cache: bool = True  # copies of the target draft from its KV cache (ModelDrafter, model trees)
+    fused_4bit: bool = True  # false: 4-bit copies take bitsandbytes' non-fused CPU path (force_unfused_4bit)
 
 
 @dataclass
@@ -157,39 +129,15 @@ class LoggerConfig:
     dir: Any = None
 
 
-class TreeKind(str, Enum):
-    """What the speculative method verifies each pass: a chain of k tokens, or a token tree (specdec.tree)."""
-
-    NONE = "none"  # a chain: speculative_generate with k (an int or auto)
-    NGRAM = "ngram"  # a trie of prompt-lookup matches (NGramTreeDrafter): no draft model
-    MODEL = "model"  # the pair's draft model branching at the first depths (ModelTreeDrafter)
-    HYBRID = "hybrid"  # an n-gram trie and a model tree under one root (HybridTreeDrafter)
-
-
 @dataclass
-class TreeConfig:
-    """One dataclass for every kind; TREE_NEEDS says which keys each kind requires."""
+class HfConfig:
+    """method=hf: Hugging Face generate on the pair, next to our loops (conf/hf/)."""
 
-    kind: Any = choice(TreeKind)
-    depth: Any = integer(1, default=None, optional=True)
-    nodes: Any = integer(1, default=None, optional=True)
-    max_nodes: Any = integer(1, default=64)
-    max_ngram: Any = integer(1, default=None, optional=True)
-    min_ngram: Any = integer(1, default=None, optional=True)
-    matches: Any = integer(1, default=None, optional=True)
-    branches: Any = None  # a non-empty list of integers >= 1: checked by settings.check_tree
-    children: Any = choice(tuple(CHILDREN), default=None, optional=True)
-
-
-NGRAM_TREE_KEYS = ("depth", "nodes", "max_ngram", "min_ngram", "matches")
-MODEL_TREE_KEYS = ("depth", "nodes", "branches", "children")
-TREE_NEEDS: dict[TreeKind, tuple[str, ...]] = {
-    TreeKind.NONE: (),
-    TreeKind.NGRAM: NGRAM_TREE_KEYS,
-    TreeKind.MODEL: MODEL_TREE_KEYS,
-    TreeKind.HYBRID: NGRAM_TREE_KEYS + ("branches", "children"),
-}
-TREE_NEEDS_DRAFT_MODEL = (TreeKind.MODEL, TreeKind.HYBRID)
+    assistant: bool = False  # assisted generation with the pair's draft model
+    num_assistant_tokens: Any = integer(1, default=None, optional=True)  # draft tokens per round; null: HF's
+    schedule: Any = None  # num_assistant_tokens_schedule: constant, heuristic, ...; null: HF's default
+    confidence_threshold: Any = None  # assistant_confidence_threshold; null: HF's default
+    prompt_lookup: Any = integer(1, default=None, optional=True)  # prompt_lookup_num_tokens; null: no lookup
 
 
 @dataclass
@@ -200,10 +148,13 @@ class RunConfig:
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    tree: TreeConfig = field(default_factory=TreeConfig)
+    tree: Any = None  # a tree drafter's _target_ node (conf/tree/); empty: chains
+    hf: HfConfig = field(default_factory=HfConfig)
+    bench: Any = None  # experiments.bench only: its contenders and schedule (conf/bench/)
     method: Any = choice(Method)
     k: Any = integer(1, also=(AUTO,))
     k_max: Any = integer(1)
+    max_nodes: Any = integer(1, default=64)  # tree nodes one target pass verifies at most
     temperature: Any = MISSING  # checked by specdec.sampling.Sampling
     top_k: Any = integer(0)
     top_p: Any = MISSING  # checked by specdec.sampling.Sampling

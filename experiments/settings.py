@@ -1,35 +1,53 @@
-"""Check a composed config before any model loads, and turn its keys into library arguments.
+"""Check a composed config before any model loads, and resolve it once into typed run settings (`Plan`).
 
-What is allowed is declared once, in experiments/schema.py; `check_node` reads it. Everything here is
-cheap: no model, tokenizer or dataset is touched, so a bad value fails in milliseconds with the
-accepted choices in the message.
+What is allowed is declared once: experiments/schema.py for the run's own keys and groups, the drafters'
+and trees' constructors for their `_target_` nodes. Everything here is cheap: no model, tokenizer or
+dataset is touched, so a bad value fails in milliseconds with the accepted choices in the message.
+Renamed keys (RENAMED) are refused on the command line with the new key's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.sampling import Sampling
 
-from .schema import (
-    DRAFT_NEEDS,
-    TREE_NEEDS,
-    TREE_NEEDS_DRAFT_MODEL,
-    DraftKind,
-    Method,
-    RunConfig,
-    TreeKind,
-)
+from .schema import AUTO, Method, RunConfig
 
 BASELINE = Method.AUTOREGRESSIVE.value
+RENAMED = {  # a key that no longer exists -> what to write instead
+    "model.draft.kind": "model=<pair> (conf/model/); a pair's drafter is a _target_ node, model.draft (conf/draft/)",
+    "model.draft.fused_4bit": "model.fused_4bit",
+    "model.draft.reads_target_cache": "model.reads_target_cache",
+    "model.draft.quantization": "model.draft.model.quantization (or the quantization group: quantization=nf4)",
+    "model.draft.compute_dtype": "model.draft.model.compute_dtype",
+    "model.draft.n_layers": "model.draft.model.n_layers",
+    "model.draft.name": "model.draft_name",
+    "model.draft.gated": "model.target.gated",
+    "model.draft.candidates": "model.draft.candidates.<name> (a mapping of drafters; drop one with "
+    "~model.draft.candidates.<name>)",
+    "tree.kind": "tree=<option> (conf/tree/: none, ngram, model, hybrid)",
+    "tree.max_nodes": "max_nodes",
+}
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the accepted values."""
+
+
+def check_renamed(overrides: list[str]) -> None:
+    """Refuse a command-line override of a renamed key, naming the new one (before Hydra composes)."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED and not (key == "model.draft.candidates" and override.startswith("~")):
+            raise ConfigError(f"{key} was renamed: use {RENAMED[key]}")
 
 
 def check_choice(value: object, choices: tuple[str, ...], key: str) -> None:
@@ -70,9 +88,7 @@ def sampling_of(cfg: DictConfig) -> Sampling:
     try:
         temperature, top_p = float(cfg.temperature), float(cfg.top_p)
     except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"temperature and top_p must be numbers, got {cfg.temperature!r}, {cfg.top_p!r}"
-        ) from e
+        raise ConfigError(f"temperature and top_p must be numbers, got {cfg.temperature!r}, {cfg.top_p!r}") from e
     check_int(cfg.top_k, "top_k", 0)
     try:
         return Sampling(temperature=temperature, top_k=cfg.top_k, top_p=top_p)
@@ -80,17 +96,27 @@ def sampling_of(cfg: DictConfig) -> Sampling:
         raise ConfigError(str(e)) from e
 
 
+def candidates_of(cfg: DictConfig) -> DictConfig | None:
+    """The drafters a calibrated pair chooses from (model.draft.candidates), or None for one drafter."""
+    return cfg.model.draft.get("candidates") if "_target_" not in cfg.model.draft else None
+
+
 def has_draft_model(cfg: DictConfig) -> bool:
-    """Whether the pair's drafter is a language model (the naive method needs one)."""
-    return cfg.model.draft.kind != DraftKind.NGRAM
+    """Whether the pair loads a draft language model (the naive method and model trees need one)."""
+    drafters = candidates_of(cfg) or {"draft": cfg.model.draft}
+    return any("model" in node for node in drafters.values())
+
+
+def needs_draft_model(node: DictConfig) -> bool:
+    """A tree (or drafter) node whose `model` the run fills in with the pair's draft model (`model: ???`)."""
+    return OmegaConf.is_missing(node, "model")  # (`"model" in node` is False for a missing value)
 
 
 def methods_of(cfg: DictConfig) -> list[str]:
-    """Methods to run, baseline first; method=all drops naive when the draft is not a model."""
+    """Methods to run, baseline first; method=all runs speculative and naive (naive only with a draft model)."""
     method = Method(cfg.method)
     if method is Method.ALL:
-        others = [m for m in Method if m not in (Method.ALL, Method.AUTOREGRESSIVE)]
-        return [BASELINE] + [m.value for m in others if m is not Method.NAIVE or has_draft_model(cfg)]
+        return [BASELINE, Method.SPECULATIVE.value] + ([Method.NAIVE.value] if has_draft_model(cfg) else [])
     return [BASELINE] if method is Method.AUTOREGRESSIVE else [BASELINE, method.value]
 
 
@@ -98,17 +124,6 @@ def quantization_of(cfg: DictConfig, role: str) -> str:
     """Quantization the quantization group gives the target or a draft model ("none" if it does not apply)."""
     q = cfg.quantization
     return q.mode if q.applies_to in (role, "both") else "none"
-
-
-def draft_quantization(cfg: DictConfig) -> str:
-    """The draft's effective quantization: a quantized copy keeps its own unless the group overrides it."""
-    draft = cfg.model.draft
-    if draft.kind == DraftKind.MODEL:
-        return quantization_of(cfg, "draft")
-    if draft.kind == DraftKind.QUANTIZED_COPY:
-        override = quantization_of(cfg, "draft")
-        return override if override != "none" else draft.quantization
-    return "none"
 
 
 def check_device(device: str) -> None:
@@ -127,46 +142,52 @@ def check_device(device: str) -> None:
         raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
-def check_draft(draft: DictConfig) -> None:
-    """The keys the draft's kind needs (the schema leaves them optional because other kinds omit them)."""
-    for key in DRAFT_NEEDS[DraftKind(draft.kind)]:
-        if draft[key] is None:
-            raise ConfigError(f"model.draft.kind={draft.kind} needs model.draft.{key}; see conf/model/")
+class ModelUsed(Exception):
+    """Raised by StandInModel: the constructor got past its argument checks."""
 
 
-def tree_nodes(tree: DictConfig) -> int:
-    """The most nodes one pass of this tree verifies (a hybrid tree holds two parts of `nodes` each)."""
-    return 2 * tree.nodes if tree.kind == TreeKind.HYBRID else tree.nodes
+class StandInModel:
+    """Takes a draft model's place while a drafter node is checked: the first use of the model ends the build."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # introspection (OmegaConf, Hydra) is not a use
+            raise AttributeError(name)
+        raise ModelUsed(name)
 
 
-def check_tree(cfg: DictConfig) -> None:
-    """The keys the tree's kind needs, a draft model where it branches, and a pass within max_nodes."""
-    tree = cfg.tree
-    kind = TreeKind(tree.kind)
-    if kind is TreeKind.NONE:
-        return
-    for key in TREE_NEEDS[kind]:
-        if tree[key] is None:
-            raise ConfigError(f"tree.kind={kind.value} needs tree.{key}; see conf/tree/{kind.value}.yaml")
-    if kind in TREE_NEEDS_DRAFT_MODEL and not has_draft_model(cfg):
+def check_target(node: object, key: str) -> None:
+    """A drafter or tree node names its class with _target_ and its constructor accepts its arguments: built
+    here with a stand-in for any draft model (constructors check their arguments before they use the model),
+    so a bad value fails in milliseconds, before any weights load."""
+    if not OmegaConf.is_dict(node) or "_target_" not in node:
+        raise ConfigError(f"{key} must name a drafter class with _target_ (see conf/draft/ and conf/tree/), got {node!r}")
+    takes_model = "model" in node or OmegaConf.is_missing(node, "model")
+    try:
+        instantiate(node, **({"model": StandInModel()} if takes_model else {}))
+    except InstantiationException as e:
+        if isinstance(e.__cause__, ModelUsed):  # the arguments passed; the build stopped at the model
+            return
+        cause = e.__cause__ if isinstance(e.__cause__, (ValueError, TypeError)) else e
+        raise ConfigError(f"{key} ({node._target_}): {cause}") from e
+
+
+def check_drafters(cfg: DictConfig) -> None:
+    """model.draft is one drafter node, or candidates to calibrate; a tree that drafts with the pair's draft
+    model needs a pair that has one."""
+    candidates = candidates_of(cfg)
+    if candidates is None:
+        check_target(cfg.model.draft, "model.draft")
+    elif not candidates:
+        raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate")
+    for name, node in (candidates or {}).items():
+        check_target(node, f"model.draft.candidates.{name}")
+    if cfg.tree:
+        check_target(cfg.tree, "tree")
+    if cfg.tree and needs_draft_model(cfg.tree) and not has_draft_model(cfg):
         raise ConfigError(
-            f"tree={kind.value} drafts with a draft model, but model={cfg.model.name} drafts with an n-gram "
-            "lookup; use tree=ngram, or a pair with a draft model (model=smollm2_weak, model=smollm2)"
-        )
-    if "max_ngram" in TREE_NEEDS[kind] and tree.max_ngram < tree.min_ngram:
-        raise ConfigError(
-            f"tree.max_ngram must be >= tree.min_ngram, got {tree.max_ngram} < {tree.min_ngram}"
-        )
-    if "branches" in TREE_NEEDS[kind]:
-        branches = tree.branches
-        if isinstance(branches, str) or not OmegaConf.is_list(branches) or len(branches) == 0:
-            raise ConfigError(f"tree.branches must be a non-empty list of integers >= 1, got {branches!r}")
-        for i, b in enumerate(branches):
-            check_int(b, f"tree.branches[{i}]", 1)
-    if tree_nodes(tree) > tree.max_nodes:
-        raise ConfigError(
-            f"tree={kind.value} verifies up to {tree_nodes(tree)} nodes per pass but tree.max_nodes="
-            f"{tree.max_nodes}: lower tree.nodes or raise tree.max_nodes"
+            f"tree={cfg.tree._target_.rsplit('.', 1)[-1]} drafts with a draft model, but model={cfg.model.name} "
+            "drafts with an n-gram lookup; use tree=ngram, or a pair with a draft model (model=smollm2_weak, "
+            "model=smollm2)"
         )
 
 
@@ -174,14 +195,56 @@ def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
     check_node(cfg, RunConfig)
     sampling_of(cfg)
-    check_draft(cfg.model.draft)
-    check_tree(cfg)
+    check_drafters(cfg)
     if cfg.method == Method.NAIVE and not has_draft_model(cfg):
         raise ConfigError(
             f"method=naive needs a draft model, but model={cfg.model.name} drafts with an n-gram lookup; "
             "use model=smollm2 (or another pair with a draft model), or method=speculative"
         )
+    if cfg.method == Method.HF and cfg.hf.assistant and not has_draft_model(cfg):
+        raise ConfigError(f"hf.assistant needs a draft model, but model={cfg.model.name} has none; use hf=lookup")
     categories = cfg.dataset.categories
     if categories is not None and (isinstance(categories, str) or len(categories) == 0):
         raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
     check_device(str(cfg.device))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's own settings, typed, resolved from the validated config once."""
+
+    methods: list[str]
+    sampling: Sampling
+    k: int | str  # an int or "auto"
+    k_max: int
+    max_nodes: int
+    max_new_tokens: int
+    warmup_tokens: int
+    seed: int
+    device: str
+    threads: int | str | None  # an int, "auto" or None (torch's default)
+    chat: bool  # prompts through the chat template
+    trees: bool  # the speculative method verifies a token tree per pass (cfg.tree)
+    tree_k: int | str | None  # tree_generate's k: "auto", else the tree's own depth (an integer k sets chains)
+    longest: int  # the longest draft a round may verify: k_max for k=auto, else the tree's depth or k
+
+    @property
+    def chain_k(self) -> int | None:
+        """The fixed draft length of a chain (what Thm 3.8 is checked at); None for k=auto and trees."""
+        return None if self.trees or self.k == AUTO else self.k
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.greedy
+
+
+def plan_of(cfg: DictConfig) -> Plan:
+    """Validate cfg and resolve the run's settings (the drafters stay config nodes until the pair builds them)."""
+    validate(cfg)
+    trees, auto = bool(cfg.tree), cfg.k == AUTO
+    depth = cfg.tree.get("depth") if trees else None
+    return Plan(
+        methods_of(cfg), sampling_of(cfg), cfg.k, cfg.k_max, cfg.max_nodes, cfg.max_new_tokens,
+        cfg.warmup_tokens, cfg.seed, str(cfg.device), cfg.threads, cfg.dataset.chat, trees,
+        tree_k=AUTO if auto else depth, longest=cfg.k_max if auto else (depth or cfg.k_max) if trees else cfg.k,
+    )  # fmt: skip

@@ -72,7 +72,7 @@ def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
 
 def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per method (baseline first) with throughput, speedup, acceptance, quality and memory."""
-    order = [m for m in ("autoregressive", "speculative", "naive") if m in set(rows["method"])]
+    order = [m for m in ("autoregressive", "speculative", "naive", "hf") if m in set(rows["method"])]
     table = pd.DataFrame({m: method_row(m, rows[rows["method"] == m]) for m in order}).T
     table.index.name = "method"
     base = table.loc[BASELINE, "tokens_per_second"] if BASELINE in table.index else math.nan

@@ -38,3 +38,17 @@ def check_generation_args(
     if k is not None and k < 1:
         raise ValueError(f"k (draft tokens per step, gamma) must be >= 1, got {k}")
     check_prompt(model, input_ids, max_new_tokens)
+
+
+def check_counts(**values: object) -> None:
+    """Every value an integer >= 1 (a drafter's sizes: n-gram lengths, depths, node budgets); the error names it."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_ngram_range(max_ngram: object, min_ngram: object) -> None:
+    """Suffix lengths an n-gram lookup tries: integers with 1 <= min_ngram <= max_ngram."""
+    check_counts(max_ngram=max_ngram, min_ngram=min_ngram)
+    if min_ngram > max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram} > max_ngram={max_ngram}")

