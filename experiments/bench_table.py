@@ -162,7 +162,7 @@ def bench_table(result: dict) -> str:
             key,
             value,
             f">= {GOALS[key]}" if key in GOALS else "",
-            "" if key not in GOALS or math.isnan(value) else ("yes" if value >= GOALS[key] else "no"),
+            "" if key not in GOALS or value is None or math.isnan(value) else ("yes" if value >= GOALS[key] else "no"),
         ]
         for key, value in result["ratios"].items()
     ]

@@ -13,12 +13,13 @@ import gc
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -32,6 +33,9 @@ from .schema import AUTO
 from .settings import ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
 
 log = logging.getLogger(__name__)
+transformers.utils.logging.disable_progress_bar()
+# bitsandbytes int8 warns about a dtype cast on every forward pass
+logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
 # A calibrated pair measures its candidates on this prompt (short: the calibration takes seconds)
 CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
@@ -39,19 +43,44 @@ LOADER = "specdec.models.load_model"  # the draft model loader the quantization 
 
 
 @dataclass
+class Target:
+    """The target model as a pair loads it, shared by every pair with the same target settings."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    quantization: str
+    threads: ThreadChoice | None  # threads=auto: the torch thread count measured fastest, and its probes
+
+
+@dataclass
+class Draft:
+    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model."""
+
+    drafter: Drafter
+    model: PreTrainedModel | None  # what the naive method generates with (None for n-gram)
+    tokenizer: PreTrainedTokenizerBase | None
+    quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
+    description: str  # what drafts, as its config node says (describe)
+    calibration: Calibration | None = None  # a calibrated pair: every candidate measured, and why
+
+
+@dataclass
 class Pair:
     """Everything a run needs from the models, built once."""
 
-    target: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    drafter: Drafter  # what speculative decoding drafts with (a chain drafter)
-    draft_model: PreTrainedModel | None  # what the naive method generates with (None for n-gram)
-    draft_tokenizer: PreTrainedTokenizerBase | None
-    target_quantization: str
-    draft_quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
-    draft: str  # what drafts, as its config node says (describe)
-    calibration: Calibration | None = None  # a calibrated pair: every candidate measured, and why
-    threads: ThreadChoice | None = None  # threads=auto: the torch thread count measured fastest, and its probes
+    target_side: Target
+    draft_side: Draft
+
+    target = property(lambda self: self.target_side.model)
+    tokenizer = property(lambda self: self.target_side.tokenizer)
+    target_quantization = property(lambda self: self.target_side.quantization)
+    threads = property(lambda self: self.target_side.threads)
+    drafter = property(lambda self: self.draft_side.drafter)
+    draft_model = property(lambda self: self.draft_side.model)
+    draft_tokenizer = property(lambda self: self.draft_side.tokenizer)
+    draft_quantization = property(lambda self: self.draft_side.quantization)
+    draft = property(lambda self: self.draft_side.description)
+    calibration = property(lambda self: self.draft_side.calibration)
 
     @property
     def eos_token_id(self) -> list[int]:
@@ -154,35 +183,34 @@ def calibrated(
     return chosen, draft_model, result
 
 
-def load_pair(cfg: DictConfig, plan: Plan) -> Pair:
-    """Target, drafter and draft model as the (validated) config names them. A single drafter is built first
-    (a draft model that cannot load fails before the target loads); candidates are calibrated on the target."""
-    drafter = draft_model = calibration = None
-    if candidates_of(cfg) is None:
-        node = draft_node(cfg)
-        with offline_hint():
-            drafter = instantiate(node)
-        draft_model, label, description = getattr(drafter, "model", None), draft_quantization(node), describe(node)
+def load_target(cfg: DictConfig, plan: Plan) -> Target:
+    """The target (quantized as the quantization group says), its tokenizer, and threads=auto's choice."""
     warn_if_gated(cfg.model.target)
-    target_quantization = quantization_of(cfg, "target")
+    quantization = quantization_of(cfg, "target")
     with offline_hint():
-        target = load_model(
-            cfg.model.target.name, dtype=cfg.dtype, device=plan.device, quantization=target_quantization,
+        model = load_model(
+            cfg.model.target.name, dtype=cfg.dtype, device=plan.device, quantization=quantization,
             compute_dtype=cfg.quantization.compute_dtype,
         )  # fmt: skip
         tokenizer = load_tokenizer(cfg.model.target.name)
-    threads = choose_threads_for(plan, target, tokenizer)  # before any timing: calibration measures with them
-    if drafter is None:
-        drafter, draft_model, calibration = calibrated(cfg, plan, target, tokenizer)
-        label = calibration.chosen
-        description = f"{label} (calibrated): {describe(candidates_of(cfg)[label])}"
-        draft_tokenizer = tokenizer if draft_model is not None else None
-    else:
-        draft_tokenizer = check_same_tokenizer(cfg, tokenizer) if draft_model is not None else None
-    return Pair(
-        target, tokenizer, drafter, draft_model, draft_tokenizer, target_quantization, label, description,
-        calibration, threads,
-    )  # fmt: skip
+    return Target(model, tokenizer, quantization, choose_threads_for(plan, model, tokenizer))
+
+
+def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:
+    """The drafter of model.draft: built from its node (before the target loads: a draft model that cannot
+    load fails first), or the fastest of its candidates, calibrated on the target."""
+    if candidates_of(cfg) is not None:
+        t = target()
+        drafter, model, calibration = calibrated(cfg, plan, t.model, t.tokenizer)
+        description = f"{calibration.chosen} (calibrated): {describe(candidates_of(cfg)[calibration.chosen])}"
+        return Draft(drafter, model, t.tokenizer if model is not None else None, calibration.chosen, description,
+                     calibration)  # fmt: skip
+    node = draft_node(cfg)
+    with offline_hint():
+        drafter = instantiate(node)
+    model = getattr(drafter, "model", None)
+    tokenizer = check_same_tokenizer(cfg, target().tokenizer) if model is not None else None
+    return Draft(drafter, model, tokenizer, draft_quantization(node), describe(node))
 
 
 def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
@@ -213,36 +241,45 @@ def choose_threads_for(plan: Plan, target: PreTrainedModel, tokenizer: PreTraine
     return choice
 
 
+def target_key(cfg: DictConfig) -> str:
+    """The settings that decide which target loads."""
+    q = quantization_of(cfg, "target")
+    key = [cfg.model.target.name, q, cfg.quantization.compute_dtype if q != "none" else None, cfg.device, cfg.dtype,
+           cfg.threads]  # fmt: skip
+    return json.dumps(key, default=str)
+
+
 def pair_key(cfg: DictConfig) -> str:
-    """The effective settings that decide which weights load (sweeps over k or temperature share one)."""
-    key = {
-        "target": cfg.model.target.name,
-        "target_quantization": quantization_of(cfg, "target"),
-        "compute_dtype": cfg.quantization.compute_dtype,
-        "draft": OmegaConf.to_container(draft_node(cfg), resolve=True),
-        "device": cfg.device,
-        "dtype": cfg.dtype,
-        "threads": cfg.threads,
-        "calibration": [cfg.k, cfg.k_max, cfg.seed, cfg.temperature, cfg.top_k, cfg.top_p] if candidates_of(cfg) else None,
-    }
-    return json.dumps(key, sort_keys=True, default=str)
+    """The settings that decide which weights load and which draft is chosen (a sweep over k or temperature
+    shares one pair, but a calibrated pair is calibrated for its k and sampling)."""
+    calibration = [cfg.k, cfg.k_max, cfg.seed, cfg.temperature, cfg.top_k, cfg.top_p] if candidates_of(cfg) else None
+    draft = OmegaConf.to_container(cfg.model.draft if calibration else draft_node(cfg), resolve=True)
+    return json.dumps([target_key(cfg), draft, calibration], sort_keys=True, default=str)
 
 
 class Pairs:
-    """The pair of the last run, kept between the jobs of a sweep while its weights stay the same."""
+    """Pairs built so far, sharing their target: the jobs of a sweep, the contenders of a benchmark. A job with
+    another target frees everything before it loads (one target in memory at a time)."""
 
     def __init__(self) -> None:
-        self.key: str | None = None
-        self.pair: Pair | None = None
+        self.targets: dict[str, Target] = {}
+        self.drafts: dict[str, Draft] = {}
+
+    def target(self, cfg: DictConfig, plan: Plan) -> Target:
+        key = target_key(cfg)
+        if key not in self.targets:
+            self.targets[key] = load_target(cfg, plan)
+        return self.targets[key]
 
     def get(self, cfg: DictConfig, plan: Plan) -> Pair:
-        """load_pair, or the pair of the previous job when the effective settings are the same."""
-        key = pair_key(cfg)
-        if key != self.key:
-            self.key = self.pair = None  # free the previous pair before loading the next one
+        """The pair of cfg, reusing the target and the draft of earlier pairs with the same settings."""
+        if target_key(cfg) not in self.targets:  # another target: free what the earlier ones loaded first
+            self.targets.clear()
+            self.drafts.clear()
             gc.collect()
             if plan.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            self.pair, self.key = load_pair(cfg, plan), key
-        return self.pair
-
+        key = pair_key(cfg)
+        if key not in self.drafts:
+            self.drafts[key] = load_draft(cfg, plan, lambda: self.target(cfg, plan))
+        return Pair(self.target(cfg, plan), self.drafts[key])

@@ -33,8 +33,8 @@ SCHEDULE_COLUMNS = [  # runs without a fixed k: k=auto and token trees
     "model", "schedule", "temperature", "speedup", "tokens_per_pass/speculative", "chosen_k_mean",
     "tree_nodes_mean", "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second",
 ]  # fmt: skip
-TEXT_COLUMNS = {"model", "draft", "draft_kind", "target_quantization", "draft_quantization", "method", "dataset",
-                "device", "dtype", "run", "tree", "schedule"}  # fmt: skip
+TEXT_COLUMNS = {"model", "draft", "drafter", "draft_cost", "target_quantization", "draft_quantization", "method",
+                "dataset", "device", "dtype", "run", "tree", "schedule"}  # fmt: skip
 GROUP = ["draft", "draft_quantization", "temperature"]  # runs that differ only in k
 
 
@@ -55,6 +55,7 @@ def load_runs(folder: Path) -> pd.DataFrame:
     ]
     runs["k"] = pd.to_numeric(runs["k"], errors="coerce").where(runs["tree"] == "none")  # NaN: auto, tree
     runs = runs.sort_values(["model", "temperature", "k"], ignore_index=True)
+    runs = runs.rename(columns={"draft": "drafter"})  # what drafted, as the run recorded it
     runs["draft"] = runs["model"]  # a pair names its drafter
     numbers = [c for c in runs.columns if c not in TEXT_COLUMNS]
     runs[numbers] = runs[numbers].apply(pd.to_numeric)  # null (NaN) metrics arrive as None

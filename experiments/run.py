@@ -24,7 +24,6 @@ from pathlib import Path
 import hydra
 import pandas as pd
 import torch
-import transformers
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -44,9 +43,6 @@ from .settings import ConfigError, Plan, check_renamed, plan_of
 from .summary import mean, method_table, naive_sentence, run_metrics, write_summary
 
 log = logging.getLogger(__name__)
-transformers.utils.logging.disable_progress_bar()
-# bitsandbytes int8 warns about a dtype cast on every forward pass
-logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
     "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "tree_nodes", "tree_depths",
 )  # fmt: skip
@@ -133,6 +129,7 @@ def run_keys(cfg: DictConfig, setup: Setup) -> dict:
     return {
         "model": cfg.model.name,
         "draft": pair.draft,  # what drafts, from its config node
+        "draft_cost": pair.drafter.draft_cost,  # per_token: a draft model; per_call: a lookup
         "target_quantization": pair.target_quantization,
         "draft_quantization": pair.draft_quantization,
         "method": cfg.method,

@@ -1,118 +1,171 @@
-"""The benchmark machinery on tiny random Llama models: one repetition, bench.json keys, the greedy check."""
+"""The benchmark: a Hydra app whose contenders are experiments.run configurations. On toy random-weight
+Llama shapes (model=tiny_random, conf/bench/gpu.yaml's path on the CPU) and, composed only, on the
+offline pair: bench.json's keys, the ratios and goals, the greedy check, scaling and memory."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-import torch
 
-from experiments import bench, gpu_bench
 from experiments.bench_figures import pooled_stats
-from experiments.bench_scaling import run_scaling, scaling_table
+from experiments.bench_ratios import EQUAL_WIDTH, check_identical
 from experiments.bench_table import bench_table
-from experiments.contenders import CONTENDERS, EQUAL_WIDTH, Setting, check_identical
 from experiments.goals import GOALS, ISSUE_9, goal_entries
-from experiments.prompts import Prompt
-from experiments.records import machine, machine_sentence, markdown_table, strict_json, write_result
+from experiments.records import machine, machine_sentence, markdown_table, strict_json
 from experiments.schedule import interleaved
-from specdec import Sampling
-from specdec.tiny import tiny_model
+from experiments.settings import validate
 
-CATEGORIES = ["summarization", "retrieval", "code"]
-MAX_WIDTH = 5
+pytestmark = pytest.mark.slow  # each bench is a subprocess that builds a dozen contenders
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny_random", "device=cpu", "dtype=float32", "dataset.n_prompts=3", "max_new_tokens=10"]
+# the default bench's lookup contenders run the offline n-gram pair; on the toy pair they take its own target
+LOOKUP_ON_TINY = {
+    "spec_ngram": ["draft@model.draft=ngram"],
+    "spec_ngram_auto": ["draft@model.draft=ngram", "k=auto"],
+    "tree_ngram": ["draft@model.draft=ngram", "tree=ngram", "tree.depth=4", "tree.nodes=4"],
+    "tree_ngram_auto": ["draft@model.draft=ngram", "tree=ngram", "k=auto", "tree.depth=8", "tree.nodes=16", "max_nodes=16"],
+    "hf_lookup": ["method=hf", "hf=lookup"],
+    "hf_lookup_k2": ["method=hf", "hf=lookup", "k=2"],
+    "hf_lookup_k8": ["method=hf", "hf=lookup", "k=8"],
+    "hf_lookup_default": ["method=hf", "hf=lookup", "hf.prompt_lookup=10"],
+}  # fmt: skip
 
 
-def tiny_pair() -> tuple:
-    return tiny_model("llama", seed=0, vocab_size=96), tiny_model("llama", seed=1, vocab_size=96, n_layers=1)
+def contender_override(name: str, overrides: list[str]) -> str:
+    return f"bench.contenders.{name}=[{','.join(repr(o) for o in overrides)}]"
 
 
-def tiny_prompts() -> tuple[list[Prompt], dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    prompts = [Prompt(f"p{i}", category, "") for i, category in enumerate(CATEGORIES)]
-    # the second half repeats the first, so the n-gram drafters find matches
-    ids = {p.id: torch.randint(0, 96, (1, 6), generator=g).repeat(1, 2) for p in prompts}
-    return prompts, ids
+def bench(out: Path, *overrides: str, bench_name: str = "bench") -> dict:
+    """python -m experiments.bench with these overrides into `out`; its result."""
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", *overrides, f"hydra.run.dir={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / f"{bench_name}.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def result() -> dict:
-    previous = torch.get_num_threads()  # a module fixture runs before conftest's one-thread fixture
-    torch.set_num_threads(1)
-    target, draft = tiny_pair()
-    prompts, ids = tiny_prompts()
-    setting = Setting(target, draft, k=3, nodes=4)
-    names = tuple(CONTENDERS)  # the defaults and the rest: hf_plain, tree_hybrid, the chains as wide as a tree
-    out = bench.run_bench(setting, prompts, ids, contenders=names, max_new_tokens=10, max_width=MAX_WIDTH)
-    torch.set_num_threads(previous)
-    return out
+def result(tmp_path_factory) -> dict:
+    """The default bench's contenders on the toy pair, three prompts, one repetition."""
+    overrides = [contender_override(n, o) for n, o in LOOKUP_ON_TINY.items()]
+    return bench(tmp_path_factory.mktemp("bench"), *TINY, *overrides, "bench.pass_widths=5", "bench.memory=false")
+
+
+def test_every_default_contender_composes_and_validates(make_cfg) -> None:
+    """Each contender of conf/bench/default.yaml is a valid experiments.run configuration (nothing loads)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("bench")
+        assert cfg.logger.kind == "none" and cfg.method == "speculative"
+        for name, delta in cfg.bench.contenders.items():
+            job = compose("bench", overrides=list(delta))
+            validate(job)
+            assert job.method != "all", name
 
 
 def test_bench_json_has_every_contender_ratio_and_goal(result, tmp_path):
-    assert set(bench.DEFAULT_CONTENDERS) < set(CONTENDERS)
-    assert set(result["contenders"]) == set(CONTENDERS)
+    names = set(result["contenders"])
+    assert "default" in names and {"ar", "hf_assisted", "tree_model_auto", "spec_ngram"} <= names
+    assert result["contenders"]["default"]["overrides"] == []  # the default run's own configuration
+    assert result["contenders"]["spec_ngram"]["overrides"] == LOOKUP_ON_TINY["spec_ngram"]
     for key in GOALS:
         assert key in result["ratios"], key
         assert set(result["goals"][key]) >= {"value", "target", "met"}
-    assert CONTENDERS[result["best_configuration"]].owner == "ours"
+    assert result["contenders"][result["best_configuration"]]["owner"] == "ours"
     assert result["costs"]["c"] > 0
     for figures in result["contenders"].values():
-        assert figures["tokens_per_second"]["median"] > 0
-        assert figures["tokens_per_second"]["n"] == 1
-        assert set(figures["by_category"]) == set(CATEGORIES)
-    ratios = result["ratios"]
-    write_result(tmp_path, "bench", result, bench_table(result))
-    loaded = json.loads((tmp_path / "bench.json").read_text())
-    assert loaded["ratios"]["speedup_vs_hf_assisted"] == pytest.approx(ratios["speedup_vs_hf_assisted"])
-    assert loaded["goals"]["vs_hf_prompt_lookup"]["target"] == GOALS["vs_hf_prompt_lookup"]
-    table = (tmp_path / "bench.md").read_text()
-    assert (
-        "speedup_vs_hf_assisted" in table and "contender (tok/s) | code | retrieval | summarization" in table
-    )
+        assert figures["tokens_per_second"]["median"] > 0 and figures["tokens_per_second"]["n"] == 1
+        assert set(figures["by_category"]) == {"chat", "summarization", "translation"}
+    assert result["greedy_check"]["identical"], result["greedy_check"]["mismatches"]
+    table = bench_table(result)
+    assert "speedup_vs_hf_assisted" in table and "| spec_ngram | speculative | draft@model.draft=ngram |" in table
 
 
-def test_issue_9_keys_name_their_contenders(result):
-    """Every issue-9 ratio with value, target, met; the configuration it came from; chain vs tree; pass cost."""
+def test_memory_of_each_contender_in_its_own_process(tmp_path):
+    out = bench(tmp_path, *TINY, "bench.only=[ar]", "bench.memory=true", "dataset.n_prompts=1")
+    assert set(out["contenders"]) == set(out["memory"]) == {"default", "ar"}
+    for memory in out["memory"].values():
+        assert memory["peak_rss_mb"] >= memory["rss_after_loading_mb"] > 0
+
+
+def test_goal_keys_name_their_contenders(result):
+    """Every goal ratio with value, target, met; the configuration it came from; chain vs tree; pass cost."""
     goals, best, c = result["goals"], result["best"], result["contenders"]
     for key in ISSUE_9:
         entry = goals[key]
         assert entry["target"] == GOALS[key] and isinstance(entry["value"], float), key
         assert entry["met"] == (entry["value"] >= entry["target"]), key
-    ours = [n for n in c if CONTENDERS[n].owner == "ours" and CONTENDERS[n].drafts]
+    ours = [n for n in c if c[n]["owner"] == "ours" and c[n]["drafts"]]
     assert goals["best_vs_target_only_geomean"]["contender"] == best["offline"] == result["best_configuration"]
     assert best["offline"] == max(ours, key=lambda n: result["vs_target_only"][n]["geomean"])
-    assert goals["best_vs_target_only_geomean"]["value"] == result["vs_target_only"][best["offline"]]["geomean"]
     assert goals["best_vs_target_only_min_category"]["value"] == min(
         result["vs_target_only"][best["offline"]]["by_category"].values()
     )
-    assert CONTENDERS[best["ngram"]].drafts == "ngram" and CONTENDERS[best["ngram"]].owner == "ours"
-    assert CONTENDERS[best["model"]].drafts in ("model", "hybrid")
-    assert goals["vs_hf_prompt_lookup"]["hf_best_fixed_k"] in (2, 3, 8)  # hf_lookup runs at the setting's k = 3
+    assert c[best["ngram"]]["drafts"] == "ngram" and c[best["ngram"]]["owner"] == "ours"
+    assert c[best["model"]]["drafts"] in ("model", "hybrid")
+    assert goals["vs_hf_prompt_lookup"]["hf_best_fixed_k"] in (2, 4, 8)  # hf_lookup runs at the default k = 4
+    assert goals["vs_hf_prompt_lookup"]["against_k"] == 10
     ratios = result["ratios"]
     assert ratios["vs_hf_assisted"] == min(ratios["vs_hf_assisted_default"], ratios["vs_hf_assisted_fixed_k"])
-    # chain vs tree at the same pass width, per drafter
-    assert set(result["chain_vs_tree"]) == set(EQUAL_WIDTH)
+    assert set(result["chain_vs_tree"]) == set(EQUAL_WIDTH)  # chains of k = 4 next to trees of 4 nodes
     for entry in result["chain_vs_tree"].values():
         assert entry["pass_width"] == 5
         assert entry["chain"]["tokens_per_pass"] >= 1.0 and entry["tree"]["tokens_per_pass"] >= 1.0
         assert entry["tree"]["mean_tree_nodes"] <= 4
-    # pass cost vs width, measured: 1..max_width and the chains' k + 1, 2k + 1
-    costs = result["costs"]
-    assert set(costs["pass_ms_by_width"]) == {1, 2, 3, 4, 5, 7}
-    assert costs["pass_cost_by_width"][1] == 1.0 and costs["target_step_ms"] == costs["pass_ms_by_width"][1]
-    # k="auto": the cost model's predicted rate next to the measured one, and the chosen k
-    auto = {"spec_model_auto", "spec_ngram_auto", "tree_model_auto", "tree_ngram_auto", "spec_model_shared_auto",
-            "tree_model_shared_auto"}  # fmt: skip
-    assert {"spec_model_auto", "spec_ngram_auto"} <= set(result["cost_model"]) <= auto
+    costs = result["costs"]  # pass cost vs width: 1..pass_widths and the chains' k + 1, 2k + 1
+    assert set(costs["pass_ms_by_width"]) == {"1", "2", "3", "4", "5", "9"}
+    assert costs["pass_cost_by_width"]["1"] == 1.0 and costs["target_step_ms"] == costs["pass_ms_by_width"]["1"]
+    auto = {"default_auto", "spec_ngram_auto", "tree_model_auto", "tree_ngram_auto"}
+    assert {"default_auto", "tree_model_auto"} <= set(result["cost_model"]) <= auto  # lookups may never warm up
     for entry in result["cost_model"].values():
         assert entry["predicted_tokens_per_second"] > 0 and entry["measured_tokens_per_second"] > 0
         assert len(entry["chosen_k_histogram"]) <= 9 and sum(entry["chosen_k_histogram"]) > 0
     table = bench_table(result)
     for key in ISSUE_9:
         assert key in table
-    assert "Chain vs tree at the same pass width" in table and "| width | 1 | 2 | 3 | 4 | 5 | 7 |" in table
+    assert "Chain vs tree at the same pass width" in table and "| width | 1 | 2 | 3 | 4 | 5 | 9 |" in table
+    assert "efficiency_vs_theory" in result["ratios"] and "efficiency_vs_theory" not in GOALS  # reported, retired
+
+
+def test_gpu_bench_config_on_toy_shapes(tmp_path):
+    """bench=gpu's whole path on toy shapes on the CPU, so a GPU session does not spend device time on a bug;
+    at temperature 1 the greedy check is skipped and says so."""
+    out = bench(tmp_path, "bench=gpu", *TINY, "bench.repetitions=1", "temperature=1", "dataset.n_prompts=2")
+    assert set(out["pairwise"]) == {
+        "ar/hf_plain", "spec_self/hf_assisted_self", "default/hf_assisted_1b", "default_auto/hf_assisted_default_1b",
+        "tree_1b/hf_assisted_default_1b", "tree_auto_1b/hf_assisted_default_1b",
+        "spec_ngram_auto/hf_lookup_default", "tree_ngram_auto/hf_lookup_default",
+    }  # fmt: skip
+    assert all(v > 0 for v in out["pairwise"].values())
+    assert out["contenders"]["spec_self"]["stats"]["alpha"] == pytest.approx(1.0)  # the target drafts for itself
+    assert out["greedy_check"]["identical"] is None and "temperature" in out["greedy_check"]["skipped"]
+    assert "Output check skipped" in (tmp_path / "bench.md").read_text()
+    assert out["machine"]["cpu"]["model"] and out["command"].startswith("python -m experiments.bench bench=gpu")
+
+
+def test_scaling_rows_have_every_contender(tmp_path):
+    out = bench(
+        tmp_path, "bench=scaling", *TINY, "bench.scaling.lengths=[4,8]", "bench.scaling.prompt_lengths=[300]",
+        contender_override("spec_ngram", ["draft@model.draft=ngram"]), bench_name="scaling",
+    )  # fmt: skip
+    assert [r["new_tokens"] for r in out["by_max_new_tokens"]] == [4, 8]
+    assert out["by_prompt_length"][0]["prompt_tokens"] == 300
+    assert all(r[f"{name}_ms_per_token"] > 0 for r in out["by_max_new_tokens"] for name in ("ar", "hf_plain", "spec_ngram"))
+    assert "by_prompt_length" in (tmp_path / "scaling.md").read_text()
+
+
+def test_unknown_contender_is_refused(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", *TINY, "bench.only=[ar,warp_drive]", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "['warp_drive'] are not in bench.contenders" in done.stderr
 
 
 def test_pooled_chosen_k_histograms_add_up():
@@ -122,25 +175,6 @@ def test_pooled_chosen_k_histograms_add_up():
     pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2]}, {**run, "chosen_k_histogram": [0, 1, 4]}])
     assert pooled["chosen_k_histogram"] == [1, 3, 4]
     assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
-
-
-def test_greedy_outputs_of_all_contenders_are_identical(result):
-    assert result["greedy_check"]["identical"], result["greedy_check"]["mismatches"]
-
-
-def test_temperature_one_skips_the_output_check_and_says_so():
-    target, draft = tiny_pair()
-    prompts, ids = tiny_prompts()
-    setting = Setting(target, draft, k=3, nodes=3, sampling=Sampling(temperature=1.0))
-    names = ("ar", "spec_ngram", "tree_ngram", "tree_model_auto", "hf_lookup_default", "hf_assisted_default")
-    out = bench.run_bench(setting, prompts[:2], ids, contenders=names, max_new_tokens=6, max_width=3)
-    assert out["settings"]["temperature"] == 1.0
-    # k = nodes: the fixed-k chain is the tree's equal-width partner
-    assert out["chain_vs_tree"]["ngram"]["chain"]["contender"] == "spec_ngram"
-    assert out["chain_vs_tree"]["ngram"]["pass_width"] == 4 and "model" not in out["chain_vs_tree"]
-    assert out["greedy_check"]["identical"] is None and "temperature" in out["greedy_check"]["skipped"]
-    assert "Output check skipped" in bench_table(out)
-    assert set(out["goals"]) >= set(ISSUE_9)
 
 
 def test_greedy_check_catches_a_different_output():
@@ -186,10 +220,10 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     flags = info["cpu"]["flags"]
     assert isinstance(flags, str) or {"avx512_bf16", "amx_bf16", "avx2"} <= set(flags)
     bnb = info["bitsandbytes_cpu"]
-    if bnb["installed"]:
-        assert bnb["fused_4bit_gemv"] in (True, False)
-        # bitsandbytes 0.50 registers the fused kernel only with AVX512-BF16
-        assert bnb["fused_4bit_gemv"] <= bnb["has_avx512bf16"]
+    if bnb["installed"]:  # bitsandbytes 0.50 registers the fused kernel exactly when the CPU has AVX512-BF16
+        assert bnb["fused_4bit_gemv"] == bnb["has_avx512bf16"]
+        assert bnb["4bit_path"] == ("fused gemv_4bit kernel" if bnb["has_avx512bf16"] else
+                                    "dequantize, then torch matmul (no fused kernel)")
     fake = {
         **info,
         "cpu": {**info["cpu"], "flags": {"avx2": True, "avx512_bf16": False}},
@@ -198,56 +232,3 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
     assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
     assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
-
-
-def test_unknown_contender_is_refused():
-    with pytest.raises(SystemExit):
-        bench.parse(["--contenders", "ar,warp_drive"])
-    assert "spec_ngram" in CONTENDERS
-
-
-def test_scaling_rows_have_every_contender():
-    target = tiny_model("llama", seed=0, vocab_size=96)
-    prompt = torch.randint(0, 96, (1, 8))
-    filler = torch.randint(0, 96, (1, 64))
-    out = run_scaling(Setting(target, None, k=2), prompt, lengths=[4, 8], prompt_lengths=[16], filler=filler)
-    assert [r["new_tokens"] for r in out["by_max_new_tokens"]] == [4, 8]
-    assert out["by_prompt_length"][0]["prompt_tokens"] == 16
-    assert all(r["spec_ngram_ms_per_token"] > 0 for r in out["by_max_new_tokens"])
-    assert "by_prompt_length" in scaling_table(out)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
-def test_gpu_bench_exits_cleanly_without_cuda():
-    done = subprocess.run(
-        [sys.executable, "-m", "experiments.gpu_bench"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0
-    assert "no CUDA" in done.stdout
-    assert gpu_bench.main is not None
-
-
-def test_gpu_bench_dry_run_on_cpu(tmp_path):
-    """The GPU script's whole path on toy shapes, so a GPU session does not spend device time on a bug."""
-    assert (
-        gpu_bench.main(
-            ["--dry-run", "--context", "12", "--new-tokens", "6", "--repeats", "1", "--out", str(tmp_path)]
-        )
-        == 0
-    )
-    result = json.loads((tmp_path / "gpu_bench.json").read_text())
-    assert set(result["verify_ms_by_k"]) == {"1", "2", "4", "8", "16"}
-    assert [int(w) for w in result["pass_ms_by_width"]] == list(gpu_bench.PASS_WIDTHS)
-    loops = result["loops"]
-    assert set(loops["tokens_per_second"]) == set(gpu_bench.LOOPS)
-    assert {"spec_auto_1b", "tree_1b", "tree_auto_1b", "spec_ngram_auto", "tree_ngram_auto"} <= set(loops["stats"])
-    assert all(loops["identical_to_ar"].values()), loops["identical_to_ar"]  # greedy: every loop, trees included
-    assert loops["stats"]["tree_1b"]["mean_tree_nodes"] <= 7
-    assert sum(loops["stats"]["spec_auto_1b"]["chosen_k_histogram"]) > 0
-    assert set(loops["ours_vs_hf"]) == set(gpu_bench.RATIOS)
-    assert result["machine"]["cpu"]["model"]
-    assert (tmp_path / "gpu_bench.md").read_text().startswith(result["date"])

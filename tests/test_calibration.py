@@ -2,12 +2,14 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from experiments.pair import calibration_markdown, candidate_names, choose_threads_for, threads_markdown
-from experiments.settings import ConfigError, validate
+from experiments.choices import calibration_markdown, threads_markdown
+from experiments.pair import choose_threads_for
+from experiments.settings import ConfigError, plan_of, validate
 from specdec import speculative_generate
 from specdec.calibration import (
     Timings,
@@ -117,51 +119,49 @@ def test_k_none_uses_each_candidates_best_k(target):
     )
 
 
-@pytest.mark.parametrize("names", [[], ["nf4", "nf4"], ["nf4", "fp8"], ["int4"]])
-def test_bad_candidate_names_are_refused(names):
-    with pytest.raises(ValueError, match="draft candidates must be distinct names from"):
-        check_candidates(names)
-
-
-def test_bad_candidate_name_fails_in_the_config_before_loading(make_cfg, target):
-    cfg = make_cfg("model.draft.candidates=[nf4,fp8]")
-    validate(cfg)  # the schema leaves the list's elements to the pair loader
-    with pytest.raises(ConfigError, match=r"model.draft.candidates: .*unknown: \['fp8'\]"):
-        candidate_names(cfg)
-    assert candidate_names(make_cfg()) == ("nf4", "int8", "dynamic_int8", "bfloat16", "ngram")
-    with pytest.raises(ValueError, match="draft candidates"):
-        load_candidate("float8", target, "unused")
+def test_bad_candidates_fail_in_the_config_before_loading(make_cfg):
+    with pytest.raises(ConfigError, match=r"model.draft.candidates.nf4 \(specdec.ModelDrafter\).*unexpected"):
+        validate(make_cfg("+model.draft.candidates.nf4.speed=2"))
+    with pytest.raises(ConfigError, match="model.draft.candidates.extra must name a drafter class"):
+        validate(make_cfg("+model.draft.candidates.extra=7"))
+    with pytest.raises(ValueError, match="at least one candidate"):
+        calibrate(tiny_model("llama"), {}, PROMPT)
 
 
 def test_default_pair_is_calibrated(make_cfg):
     cfg = make_cfg()
-    assert cfg.model.name == "smollm2" and cfg.model.draft.kind == "calibrated"
-    with pytest.raises(ConfigError, match="needs model.draft.candidates"):
-        validate(make_cfg("model.draft.candidates=null"))
+    assert cfg.model.name == "smollm2"
+    assert list(cfg.model.draft.candidates) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram"]
+    smaller = make_cfg("~model.draft.candidates.nf4", "~model.draft.candidates.int8")
+    validate(smaller)
+    assert list(smaller.model.draft.candidates) == ["dynamic_int8", "bfloat16", "ngram"]
 
 
-def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path):
-    """model.draft.fused_4bit=false: the nf4 candidate never uses bitsandbytes' fused CPU kernel."""
+def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path, make_cfg):
+    """model.fused_4bit=false: the nf4 candidate never uses bitsandbytes' fused CPU kernel."""
     pytest.importorskip("bitsandbytes")
     from bitsandbytes.nn import Linear4bit
+    from hydra.utils import instantiate
 
     tiny = tiny_model("llama", seed=0, scale=20.0, vocab_size=32, hidden_size=64, intermediate_size=128)
     tiny.save_pretrained(tmp_path)
-    drafter, model = load_candidate("nf4", tiny, str(tmp_path), fused_4bit=False)
-    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    cfg = make_cfg("model.fused_4bit=false", f"model.target.name={tmp_path}")
+    drafter = instantiate(cfg.model.draft.candidates.nf4)
+    layers = [m for m in drafter.model.modules() if isinstance(m, Linear4bit)]
     assert layers and not any(m.support_avx512bf16_for_cpu for m in layers)
-    assert drafter.model is model
 
 
 @pytest.mark.parametrize("reads", [True, False])
-def test_model_candidates_read_the_target_cache_unless_told_not_to(reads):
-    """model.draft.reads_target_cache reaches every model candidate; the n-gram candidate has no cache."""
-    tiny = tiny_model("llama", seed=0, scale=20.0)
-    for name in ("bfloat16", "dynamic_int8"):
-        drafter, _ = load_candidate(name, tiny, "unused", reads_target_cache=reads)
-        assert drafter.reads_target_cache is reads
-    ngram, model = load_candidate("ngram", tiny, "unused", reads_target_cache=reads)
-    assert model is None and not hasattr(ngram, "reads_target_cache")
+def test_model_candidates_read_the_target_cache_unless_told_not_to(reads, make_cfg):
+    """model.reads_target_cache reaches every model candidate; the n-gram candidate has no cache."""
+    from hydra.utils import instantiate
+
+    cfg = make_cfg(f"model.reads_target_cache={str(reads).lower()}")
+    for name, node in cfg.model.draft.candidates.items():
+        if "model" in node:
+            assert node.reads_target_cache is reads, name
+    assert "reads_target_cache" not in cfg.model.draft.candidates.ngram
+    assert not hasattr(instantiate(cfg.model.draft.candidates.ngram), "reads_target_cache")
 
 
 def test_choose_threads_times_every_count_and_leaves_the_count_as_it_was():
@@ -185,8 +185,8 @@ def test_threads_auto_is_a_setting_measured_only_on_the_cpu(make_cfg):
     with pytest.raises(ConfigError, match="threads"):
         validate(make_cfg("threads=many"))
     tiny = tiny_model("llama", seed=0)
-    assert choose_threads_for(make_cfg("threads=1"), tiny, None) is None  # no measurement, no tokenizer needed
-    assert choose_threads_for(make_cfg("threads=auto", "device=cuda"), tiny, None) is None
+    assert choose_threads_for(plan_of(make_cfg("threads=1")), tiny, None) is None  # no measurement, no tokenizer
+    assert choose_threads_for(replace(plan_of(make_cfg("threads=auto")), device="cuda"), tiny, None) is None
     line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5, 17))
     assert "chose 2" in line and "1: 271.0, 2: 250.5" in line and "17-token prompt" in line
 
@@ -203,17 +203,15 @@ def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():
 
 
 def test_the_summary_carries_the_thread_choice(tmp_path):
-    """threads=auto: threads.md joins summary.md and threads.json joins summary.json (write_calibration writes both)."""
-    from types import SimpleNamespace
-
+    """threads=auto: threads.md joins summary.md and threads.json joins summary.json (write_choices writes both)."""
     import pandas as pd
 
-    from experiments.pair import write_calibration
+    from experiments.choices import write_choices
     from experiments.records import machine, write_json
     from experiments.summary import write_summary
 
     write_json(tmp_path / "environment.json", machine())
-    write_calibration(tmp_path, SimpleNamespace(threads=ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), calibration=None))
+    write_choices(tmp_path, ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), None)
     text = write_summary(tmp_path, {"k": 4}, pd.DataFrame(), {}, {}, "", 0)
     assert "threads=auto chose 2" in text and not (tmp_path / "calibration.md").exists()
     summary = json.loads((tmp_path / "summary.json").read_text())

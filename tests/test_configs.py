@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +13,31 @@ import pytest
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from experiments.drafting import longest_draft, tree_depth_rule, tree_drafter
-from experiments.pair import offline_pairs, pair_key, warn_if_gated
+from experiments.pair import (
+    describe,
+    draft_node,
+    draft_quantization,
+    offline_pairs,
+    pair_key,
+    tree_drafter,
+    warn_if_gated,
+)
 from experiments.prompts import load_prompts
-from experiments.settings import ConfigError, draft_quantization, methods_of, quantization_of, validate
-from specdec import HybridTreeDrafter, ModelDrafter, ModelTreeDrafter, NGramTreeDrafter
+from experiments.settings import (
+    RENAMED,
+    ConfigError,
+    check_renamed,
+    methods_of,
+    plan_of,
+    quantization_of,
+    validate,
+)
+from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramDrafter, NGramTreeDrafter
 from specdec.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("model", "quantization", "dataset", "logger", "tree", "experiment")
+GROUPS = ("model", "quantization", "dataset", "logger", "tree", "hf", "experiment")
 
 
 def options(group: str) -> list[str]:
@@ -40,8 +56,8 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_option_composes_and_validates(group: str, option: str, make_cfg) -> None:
-    cfg = make_cfg(f"{group}={option}")
-    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    cfg = make_cfg(f"{group}={option}", *(["model=smollm2_weak"] if group == "tree" else []))
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # every interpolation resolves
     cpu(cfg)
     validate(cfg)
 
@@ -83,14 +99,14 @@ def test_readme_command_composes() -> None:
     assert out.returncode == 0, out.stderr
     job = OmegaConf.create(out.stdout)
     assert job.model.target.name == "google/gemma-2-9b-it"
-    assert job.model.draft.name == "google/gemma-2-2b-it"
-    assert job.k == 4
+    assert job.model.draft_name == "google/gemma-2-2b-it"
+    assert job.model.draft._target_ == "specdec.ModelDrafter" and job.k == 4
 
 
 def test_hub_pairs_default_to_cuda_bfloat16_and_mark_gated(make_cfg) -> None:
     for option in options("model"):
         cfg = make_cfg(f"model={option}")
-        if cfg.model.target.name.startswith("offline:"):
+        if cfg.model.target.name.startswith("offline:") or option == "tiny_random":
             assert cfg.device == "cpu"
             continue
         assert (cfg.device, cfg.dtype) == ("cuda", "bfloat16")
@@ -109,7 +125,13 @@ BAD = [
     (["k=2.5"], "k must be an integer"),
     (["k=often"], "k must be an integer >= 1 or 'auto'"),
     (["k_max=0"], "k_max must be an integer >= 1"),
-    (["model=smollm2_ngram", "model.draft.max_ngram=0"], "max_ngram must be an integer >= 1"),
+    (["max_nodes=0"], "max_nodes must be an integer >= 1"),
+    (["model=smollm2_ngram", "model.draft.max_ngram=0"], r"model.draft \(specdec.NGramDrafter\): max_ngram must be"),
+    (["model=smollm2_ngram", "model.draft.min_ngram=4"], "need 1 <= min_ngram <= max_ngram"),
+    (["model=smollm2_ngram", "+model.draft.window=2"], "unexpected keyword argument 'window'"),
+    (["model.draft.candidates.ngram.max_ngram=0"], "model.draft.candidates.ngram"),
+    (["~model.draft.candidates.nf4", "~model.draft.candidates.int8", "~model.draft.candidates.dynamic_int8",
+      "~model.draft.candidates.bfloat16", "~model.draft.candidates.ngram"], "model.draft.candidates is empty"),
     (["temperature=-1"], "temperature must be >= 0"),
     (["temperature=hot"], "must be numbers"),
     (["top_p=0"], "top_p must be in"),
@@ -118,31 +140,27 @@ BAD = [
     (["max_new_tokens=0"], "max_new_tokens"),
     (["seed=-1"], "seed"),
     (["threads=0"], "threads"),
-    (["method=fast"], "choices: speculative, naive, autoregressive, all"),
+    (["method=fast"], "choices: speculative, naive, autoregressive, hf, all"),
     (["quantization.mode=int4"], "choices: none, int8, nf4, fp4"),
     (["quantization.applies_to=neither"], "choices: target, draft, both"),
     (["dtype=float64"], "choices: float32, bfloat16, float16"),
     (["device=tpu"], "choices: cpu, cuda, cuda:N"),
-    (["model.draft.kind=magic"], "choices: model, quantized_copy, truncated_copy, ngram"),
-    (["model.draft.quantization=int3"], "model.draft.quantization"),
-    (["model=smollm2_weak", "model.draft.n_layers=0"], "n_layers"),
     (["model=smollm2_ngram", "method=naive"], "needs a draft model"),
+    (["model=smollm2_ngram", "method=hf", "hf=assisted"], "hf.assistant needs a draft model"),
     (["logger.mode=sometimes"], "choices: offline, online"),
     (["dataset.n_prompts=0"], "dataset.n_prompts"),
     (["dataset.source=ftp"], "choices: json, hub"),
-    (["tree.kind=forest"], "choices: none, ngram, model, hybrid"),
-    (["tree=model", "model=smollm2_ngram"], "tree=model drafts with a draft model.*use tree=ngram"),
-    (["tree=hybrid", "model=smollm2_ngram"], "tree=hybrid drafts with a draft model"),
-    (["tree=ngram", "tree.nodes=65"], "up to 65 nodes per pass but tree.max_nodes=64"),
-    (["tree=hybrid", "tree.nodes=40"], "up to 80 nodes per pass"),
-    (["tree=ngram", "tree.depth=null"], "tree.kind=ngram needs tree.depth"),
-    (["tree=model", "tree.children=null"], "tree.kind=model needs tree.children"),
-    (["tree=ngram", "tree.matches=0"], "tree.matches must be an integer >= 1"),
-    (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "tree.max_ngram must be >= tree.min_ngram"),
-    (["tree=model", "tree.children=random"], "choices: top, iid, distinct"),
-    (["tree=model", "tree.branches=[]"], "tree.branches must be a non-empty list"),
-    (["tree=model", "tree.branches=2"], "tree.branches must be a non-empty list"),
-    (["tree=hybrid", "tree.branches=[2,0]"], r"tree.branches\[1\] must be an integer >= 1"),
+    (["tree=model", "model=smollm2_ngram"], "tree=ModelTreeDrafter drafts with a draft model.*use tree=ngram"),
+    (["tree=hybrid", "model=smollm2_ngram"], "tree=HybridTreeDrafter drafts with a draft model"),
+    (["tree=ngram", "tree.depth=null"], "depth must be an integer >= 1, got None"),
+    (["tree=model", "model=smollm2_weak", "tree.children=null"], "children must be one of"),
+    (["tree=ngram", "tree.matches=0"], "matches must be an integer >= 1"),
+    (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "need 1 <= min_ngram <= max_ngram"),
+    (["tree=model", "model=smollm2_weak", "tree.children=random"], r"choices|one of \['distinct', 'iid', 'top'\]"),
+    (["tree=model", "model=smollm2_weak", "tree.branches=[]"], "branches must be a non-empty list"),
+    (["tree=model", "model=smollm2_weak", "tree.branches=2"], "branches must be a non-empty list"),
+    (["tree=hybrid", "model=smollm2_weak", "tree.branches=[2,0]"], r"branches\[1\] must be an integer >= 1"),
+    (["tree=hybrid", "model=smollm2_weak", "tree.ngram.matches=0"], "tree.ngram|matches must be an integer"),
 ]
 
 
@@ -158,66 +176,104 @@ def test_k_auto_is_accepted(make_cfg) -> None:
     assert (cfg.k, cfg.k_max) == ("auto", 6)
 
 
+def test_renamed_keys_name_the_new_key(make_cfg) -> None:
+    """A key of earlier versions is refused on the command line with the key that replaced it, and the new
+    key composes."""
+    for old, new in RENAMED.items():
+        with pytest.raises(ConfigError, match=f"{re.escape(old)} was renamed: use {re.escape(new)}"):
+            check_renamed([f"{old}=x"])
+    check_renamed(["~model.draft.candidates.nf4", "model.fused_4bit=false", "max_nodes=16"])  # the new keys pass
+    assert make_cfg("model.fused_4bit=false").model.draft.candidates.nf4.model.fused_4bit is False
+    assert make_cfg("model.reads_target_cache=false").model.draft.candidates.bfloat16.reads_target_cache is False
+
+
+def test_a_renamed_key_fails_the_run_before_hydra(tmp_path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "model.draft.fused_4bit=false", "logger=none"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "use model.fused_4bit" in out.stderr
+
+
 def test_auto_and_tree_pairs(make_cfg) -> None:
     """The offline pairs for k=auto and trees extend smollm2_ngram; the command line still overrides them."""
     base = make_cfg("model=smollm2_ngram")
     auto = make_cfg("model=smollm2_ngram_auto")
-    assert (auto.k, auto.k_max, auto.tree.kind) == ("auto", 8, "none")
+    assert (auto.k, auto.k_max, bool(auto.tree)) == ("auto", 8, False)
     assert auto.model.draft == base.model.draft and auto.model.target == base.model.target
     assert make_cfg("model=smollm2_ngram_auto", "k=3").k == 3
     tree = make_cfg("model=smollm2_ngram_tree")
-    assert (tree.tree.kind, tree.k) == ("ngram", 4)
+    assert (tree.tree._target_, tree.k) == ("specdec.NGramTreeDrafter", 4)
     assert tree.model.draft == base.model.draft
-    assert make_cfg("model=smollm2_ngram_tree", "tree=none").tree.kind == "none"
-    assert make_cfg().tree.kind == "none" and make_cfg().k == 4  # the default stays a chain of 4
+    assert not make_cfg("model=smollm2_ngram_tree", "tree=none").tree
+    assert not make_cfg().tree and make_cfg().k == 4  # the default stays a chain of 4
     for cfg in (auto, tree):
         validate(cfg)
         assert methods_of(cfg) == ["autoregressive", "speculative"]
         assert pair_key(cfg) == pair_key(base)  # same weights: a sweep over them loads the pair once
 
 
-@pytest.mark.parametrize("option", options("tree"))
+@pytest.mark.parametrize("option", [o for o in options("tree") if o != "none"])
 def test_tree_options_validate_with_a_draft_model(option: str, make_cfg) -> None:
     cfg = make_cfg(f"tree={option}", "model=smollm2_weak")
     validate(cfg)
-    assert cfg.tree.kind == option
+    assert cfg.tree._target_.startswith("specdec.")
 
 
 def test_k_auto_with_a_tree_chooses_its_depth(make_cfg) -> None:
     """tree_generate gets k="auto" (depth <= k_max, nodes <= max_nodes each round) or the tree's own depth."""
-    auto = make_cfg("model=smollm2_ngram_auto", "tree=ngram", "k_max=5")
-    validate(auto)
-    assert (tree_depth_rule(auto), longest_draft(auto)) == ("auto", 5)
-    fixed = make_cfg("tree=ngram", "tree.depth=6", "k=3")
-    validate(fixed)
-    assert (tree_depth_rule(fixed), longest_draft(fixed)) == (6, 6)  # an integer k sets chains only
-    assert longest_draft(make_cfg("k=3")) == 3
+    auto = plan_of(make_cfg("model=smollm2_ngram_auto", "tree=ngram", "k_max=5"))
+    assert (auto.tree_k, auto.longest, auto.chain_k) == ("auto", 5, None)
+    fixed = plan_of(make_cfg("tree=ngram", "tree.depth=6", "k=3"))
+    assert (fixed.tree_k, fixed.longest) == (6, 6)  # an integer k sets chains only
+    chain = plan_of(make_cfg("k=3"))
+    assert (chain.longest, chain.chain_k, chain.trees) == (3, 3, False)
 
 
 class FakePair:
-    """What drafting.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair) and whether
-    its chain drafter reads the target's KV cache (a copy of the target)."""
+    """What pair.tree_drafter reads from a loaded pair: its draft model (None for an n-gram pair)."""
 
-    def __init__(self, draft_model, reads_target_cache: bool = False):
+    def __init__(self, draft_model):
         self.draft_model = draft_model
-        self.drafter = ModelDrafter(draft_model, reads_target_cache) if draft_model is not None else None
 
 
 def test_tree_drafters_are_built_from_the_config(make_cfg) -> None:
     draft = FakePair(tiny_model("llama", seed=1))
-    ngram = tree_drafter(make_cfg("tree=ngram", "tree.matches=3").tree, FakePair(None))
+    ngram = tree_drafter(make_cfg("tree=ngram", "tree.matches=3"), FakePair(None), 64)
     assert isinstance(ngram, NGramTreeDrafter)
     assert (ngram.matches, ngram.depth, ngram.nodes, ngram.max_ngram) == (3, 8, 8, 3)
-    model = tree_drafter(make_cfg("tree=model", "tree.branches=[3,2]", "tree.children=distinct").tree, draft)
-    assert isinstance(model, ModelTreeDrafter)
+    model = tree_drafter(make_cfg("tree=model", "tree.branches=[3,2]", "tree.children=distinct"), draft, 64)
+    assert isinstance(model, ModelTreeDrafter) and model.model is draft.draft_model
     assert (model.branches, model.depth, model.nodes) == ((3, 2), 4, 8)
-    hybrid = tree_drafter(make_cfg("tree=hybrid").tree, draft)
-    assert isinstance(hybrid, HybridTreeDrafter) and hybrid.ngram.nodes == hybrid.model.nodes == 6
-    assert not model.states.enabled  # as the pair's chain drafter
-    copy = FakePair(tiny_model("llama", seed=1), reads_target_cache=True)
-    assert tree_drafter(make_cfg("tree=model").tree, copy).states.enabled
+    hybrid = tree_drafter(make_cfg("tree=hybrid"), draft, 64)
+    assert isinstance(hybrid, HybridTreeDrafter) and hybrid.ngram.nodes == hybrid.nodes == 6
+    assert hybrid.most_nodes == 12
+    assert model.states.enabled  # model.reads_target_cache (default true): a copy of the target reads its cache
+    assert not tree_drafter(make_cfg("tree=model", "model.reads_target_cache=false"), draft, 64).states.enabled
     with pytest.raises(ConfigError, match="needs a draft model"):
-        tree_drafter(make_cfg("tree=model").tree, FakePair(None))
+        tree_drafter(make_cfg("tree=model"), FakePair(None), 64)
+    with pytest.raises(ConfigError, match="up to 12 nodes per pass but max_nodes=8: lower tree.nodes"):
+        tree_drafter(make_cfg("tree=hybrid"), draft, 8)
+
+
+def test_every_drafter_file_is_used_by_a_pair_and_builds(make_cfg) -> None:
+    """conf/draft/: each file is some pair's drafter (or candidate) and its node names a specdec class."""
+    used = set()
+    for option in options("model"):
+        draft = make_cfg(f"model={option}").model.draft
+        for node in (draft.candidates.values() if "candidates" in draft else [draft]):
+            used.add(describe(node).split("(")[0])
+    assert used >= {"ModelDrafter", "NGramDrafter"}
+    for option in options("draft"):
+        node = OmegaConf.load(CONF / "draft" / f"{option}.yaml")
+        assert node._target_.startswith("specdec."), option
+    assert isinstance(instantiate_ngram(make_cfg("model=smollm2_ngram")), NGramDrafter)
+
+
+def instantiate_ngram(cfg):
+    from hydra.utils import instantiate
+
+    return instantiate(cfg.model.draft)
 
 
 def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:
@@ -248,14 +304,21 @@ def test_methods_and_quantization_plan(make_cfg) -> None:
     assert methods_of(make_cfg()) == ["autoregressive", "speculative", "naive"]
     assert methods_of(make_cfg("model=smollm2_ngram")) == ["autoregressive", "speculative"]
     assert methods_of(make_cfg("method=naive")) == ["autoregressive", "naive"]
+    assert methods_of(make_cfg("method=hf")) == ["autoregressive", "hf"]
     assert methods_of(make_cfg("method=autoregressive")) == ["autoregressive"]
-    assert draft_quantization(make_cfg("model=smollm2_nf4")) == "nf4"  # the pair's own copy
-    assert draft_quantization(make_cfg("model=smollm2_nf4", "quantization=int8")) == "int8"  # the group overrides it
-    assert draft_quantization(make_cfg()) == "none"  # calibrated: each candidate names its own quantization
+
+    def quantized(*overrides):
+        return draft_quantization(draft_node(make_cfg(*overrides)))
+
+    assert quantized("model=smollm2_nf4") == "nf4"  # the pair's own copy
+    assert quantized("model=smollm2_nf4", "quantization=int8") == "int8"  # the group overrides it
+    node = draft_node(make_cfg("model=smollm2_nf4", "quantization=int8"))
+    assert node.model.name == "offline:smollm2-135m-instruct"  # interpolations still resolve after the merge
+    assert quantized("model=smollm2_weak", "quantization=int8") == "none"  # a truncated copy: nothing to quantize
     assert quantization_of(make_cfg("quantization=int8"), "target") == "none"
     assert quantization_of(make_cfg("quantization=nf4", "quantization.applies_to=both"), "target") == "nf4"
-    assert draft_quantization(make_cfg("model=gemma2", "quantization=nf4")) == "nf4"
-    assert draft_quantization(make_cfg("model=smollm2_ngram", "quantization=nf4")) == "none"
+    assert quantized("model=gemma2", "quantization=nf4") == "nf4"
+    assert quantized("model=smollm2_ngram", "quantization=nf4") == "none"
 
 
 def test_bundled_and_article_prompts(make_cfg) -> None:

@@ -139,7 +139,7 @@ def tree_dir(tmp_path_factory, make_cfg) -> Path:
 def test_tree_run_logs_tree_size_and_accepted_depth(tree_dir: Path) -> None:
     summary, rows = summary_and_rows(tree_dir)
     config = summary["config"]
-    assert (config["tree"], config["tree_node_budget"], config["tree_depth"]) == ("ngram", 8, 8)
+    assert (config["tree"], config["tree_node_budget"], config["tree_depth"]) == ("NGramTreeDrafter", 8, 8)
     spec = check_rounds(summary, rows, longest=8)
     metrics = summary["metrics"]
     nodes = [n for ns in spec["tree_nodes"] for n in ns]

@@ -6,18 +6,8 @@ import pytest
 import torch
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
-from specdec.models import (
-    SMOLLM2,
-    bfloat16_copy,
-    cache_dir,
-    dynamic_int8_copy,
-    encode_prompt,
-    ensure_offline_model,
-    exclusive,
-    force_unfused_4bit,
-    gguf_parsed_once,
-    load_model,
-)
+from specdec.models import bfloat16_copy, dynamic_int8_copy, encode_prompt, force_unfused_4bit, load_model
+from specdec.offline import SMOLLM2, cache_dir, ensure_offline_model, exclusive, gguf_parsed_once
 from specdec.tiny import tiny_model
 
 
@@ -145,7 +135,7 @@ def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
 
     lock = tmp_path / ".asset.lock"
     holder = (
-        "import sys; from pathlib import Path; from specdec.models import exclusive\n"
+        "import sys; from pathlib import Path; from specdec.offline import exclusive\n"
         "with exclusive(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.readline()\n"
     )
     first = subprocess.Popen(

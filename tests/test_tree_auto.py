@@ -1,4 +1,4 @@
-"""Token trees with k="auto": depth and node budget chosen each round by specdec.cost.TreeCostModel.
+"""Token trees with k="auto": depth and node budget chosen each round by specdec.tree_cost.TreeCostModel.
 
 The rule sees only earlier rounds (their times, the children tried and the last proposal's shape), and the
 drafter's tree is cut by depth, then drafter order (prune_tree), so the output keeps the target's
@@ -26,11 +26,12 @@ from specdec import (
     autoregressive_generate,
     tree_generate,
 )
-from specdec.cost import Choice, TreeCostModel, breadth_first, tree_depths, walk_trials
+from specdec.cost import Choice
 from specdec.exact import sequence_distribution
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.tree import prune_tree
 from specdec.tree_accept import DETERMINISTIC, DISTINCT, IID
+from specdec.tree_cost import TreeCostModel, breadth_first, tree_depths, walk_trials
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 30

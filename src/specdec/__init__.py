@@ -1,7 +1,7 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
-from .cost import CostModel, FixedDraftLength, TreeCostModel
+from .cost import CostModel, FixedDraftLength
 from .decoding import decode, speculative_generate, tree_generate
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import (
@@ -18,6 +18,7 @@ from .sampling import GREEDY, Sampling, probabilities
 from .speculative import Draft, TokenLevel
 from .tree import TreeDraft
 from .tree_accept import TreeRules
+from .tree_cost import TreeCostModel
 from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 
 __all__ = [

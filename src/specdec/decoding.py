@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from .cached import CachedLM
 from .checks import check_generation_args
-from .cost import Choice, Rule, draft_rule
+from .cost import Choice, CostModel, FixedDraftLength, Rule, check_draft_cost
 from .drafters import Drafter, Proposal
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling
@@ -41,6 +41,7 @@ from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
 from .tree import check_tree_backend, prune_tree
 from .tree_accept import TreeRules
+from .tree_cost import TreeCostModel
 
 
 class AcceptanceRule(Protocol):
@@ -200,6 +201,29 @@ def decode(
     stats.emitted = state.emitted
     stats.overlap_sum = float(overlap_total)
     return Generation(state.new_tokens(), stats)
+
+
+def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64) -> Rule:
+    """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
+    fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
+    trees) pricing drafts as the drafter's draft_cost says; an object with choose and observe, used as given."""
+    if hasattr(k, "choose") and hasattr(k, "observe"):
+        if getattr(k, "trees", trees) != trees:
+            wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
+            raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(k).__name__}")
+        if getattr(k, "draft_cost", None) is not None:
+            check_draft_cost(drafter, k.draft_cost)
+        return k
+    if k == "auto":
+        model = TreeCostModel if trees else CostModel
+        return model(k_max, check_draft_cost(drafter), **({"max_nodes": max_nodes} if trees else {}))
+    if k is None and trees:
+        return FixedDraftLength(None)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        shapes = "(tree depth per round) must be an int >= 1, 'auto', None" if trees else (
+            "(draft tokens per round, gamma) must be an int >= 1, 'auto'")
+        raise ValueError(f"k {shapes} or a rule (choose and observe, e.g. a CostModel), got {k!r}")
+    return FixedDraftLength(k)
 
 
 def speculative_generate(

@@ -9,7 +9,7 @@ node's position id is the position of the root plus its depth (Miao et al. 2023,
 accept_tree walks the tree with the exact rules; afterwards the target's KV cache keeps only the
 accepted path (compaction, CachedLM.compact), never the rejected branches.
 
-How much to draft (k="auto", specdec.cost.TreeCostModel): each round a depth d and a node budget N are
+How much to draft (k="auto", specdec.tree_cost.TreeCostModel): each round a depth d and a node budget N are
 chosen from earlier rounds only; the drafter is asked for depth d and its tree cut to its first N nodes
 by depth, then drafter order (prune_tree). d = 0 is a plain target step that calls no drafter.
 
@@ -26,9 +26,9 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .cost import breadth_first, tree_depths
 from .sampling import Sampling, probabilities
 from .tree_accept import DETERMINISTIC, IID, MODE_NAMES, children_of
+from .tree_cost import breadth_first, tree_depths
 
 MASKED_BACKENDS = ("eager", "sdpa")  # attention implementations that take a user-supplied 4D mask
 
