@@ -250,11 +250,10 @@ def target_key(cfg: DictConfig) -> str:
 
 
 def pair_key(cfg: DictConfig) -> str:
-    """The settings that decide which weights load and which draft is chosen (a sweep over k or temperature
-    shares one pair, but a calibrated pair is calibrated for its k and sampling)."""
-    calibration = [cfg.k, cfg.k_max, cfg.seed, cfg.temperature, cfg.top_k, cfg.top_p] if candidates_of(cfg) else None
-    draft = OmegaConf.to_container(cfg.model.draft if calibration else draft_node(cfg), resolve=True)
-    return json.dumps([target_key(cfg), draft, calibration], sort_keys=True, default=str)
+    """The settings that decide which weights load: the jobs of a sweep over k or temperature share one pair
+    (a calibrated pair keeps the draft its first job's calibration chose, at that job's k and sampling)."""
+    draft = OmegaConf.to_container(draft_node(cfg), resolve=True, throw_on_missing=False)
+    return json.dumps([target_key(cfg), draft], sort_keys=True, default=str)
 
 
 class Pairs:

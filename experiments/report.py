@@ -118,13 +118,16 @@ def report(folder: Path, out: Path | None = None) -> str:
     return text
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line: `python -m experiments.report <folder> [--out DIR]`."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="a multirun (sweep) folder or a single run folder")
+    ap.add_argument("--out", type=Path, default=None, help="where to write (default: <folder>/report)")
+    return ap
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("folder", type=Path, help="a multirun (sweep) folder or a single run folder")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: <folder>/report)")
-    args = parser.parse_args()
+    args = parser().parse_args()
     print(report(args.folder, args.out))
 
 

@@ -1,0 +1,158 @@
+"""Every command the documentation shows still works: README.md, docs/*.md and notebooks/README.md.
+
+Commands are taken from fenced code blocks and from inline code. What is checked, without running anything:
+- `python -m experiments.run ...` (and `make run ARGS="..."`): the overrides compose into the config, as
+  `--cfg job` composes them (a sweep `-m k=1,2`: its first job), and validate (hub pairs on the CPU here);
+- `python -m experiments.bench ...`: the bench config composes, and so does every contender on top of it;
+- `python -m experiments.report ...`: its arguments parse;
+- `make <target>`: the target exists in the Makefile.
+A command that no longer works fails with its file and line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from experiments.report import parser as report_parser
+from experiments.settings import check_renamed, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md"]
+FENCE = re.compile(r"^```")
+INLINE = re.compile(r"`([^`]+)`")
+COMMAND = re.compile(r"(?:\.venv/bin/)?python -m experiments\.(run|bench|report)\b[^`#]*|make [a-z][a-z-]*(?: [A-Z]+=(?:\"[^\"]*\"|\S+))*")
+
+
+def commands(path: Path) -> list[tuple[int, str]]:
+    """(line number, command) of every documented command in the file: in fenced or indented code blocks
+    (a trailing backslash continues a line) and in inline code (which may wrap to the next line)."""
+    found, fenced, paragraph, code = [], False, [], []
+    lines = path.read_text().splitlines()
+
+    def inline() -> None:
+        text = " ".join(line for _, line in paragraph)
+        starts = [(len(" ".join(line for _, line in paragraph[:i])), number) for i, (number, _) in enumerate(paragraph)]
+        for span in INLINE.finditer(text):
+            number = max(n for offset, n in starts if offset <= span.start() + 1)
+            found.extend((number, m.group(0).strip()) for m in COMMAND.finditer(span.group(1)))
+        paragraph.clear()
+
+    def flush() -> None:
+        if code:
+            start, joined = code[0][0], " ".join(text.rstrip("\\").strip() for _, text in code)
+            found.extend((start, m.group(0).strip()) for m in COMMAND.finditer(joined))
+            code.clear()
+
+    for number, line in enumerate(lines, start=1):
+        block = fenced or (line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|")))
+        if FENCE.match(line.strip()):
+            flush()
+            fenced = not fenced
+            inline()
+            continue
+        if block:
+            inline()
+            code.append((number, line.split(" #")[0].strip()))
+            if not code[-1][1].endswith("\\"):
+                flush()
+            continue
+        flush()
+        if not line.strip():
+            inline()
+        else:
+            paragraph.append((number, line))
+    inline()
+    return found
+
+
+DOCUMENTED = [(path, number, command) for path in DOCS for number, command in commands(path)]
+
+
+def first_job(overrides: list[str]) -> list[str]:
+    """A sweep's first job: the first of each comma-separated value list (not inside brackets or braces)."""
+    job = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and "," in value and value[0] not in "[{'\"":
+            value = value.split(",")[0]
+        job.append(f"{key}{sep}{value}")
+    return job
+
+
+def run_overrides(args: list[str]) -> list[str]:
+    """experiments.run's command-line overrides: flags (-m, --cfg job, --multirun) left out."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--cfg", "-c"):
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return first_job(out)
+
+
+def check_run(overrides: list[str]) -> None:
+    check_renamed(overrides)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=any(o.startswith("hydra.") for o in overrides))
+    if str(cfg.device).startswith("cuda"):  # a hub pair: validate everything but the GPU itself
+        cfg.device = "cpu"
+    if "hydra" in cfg:
+        OmegaConf.set_struct(cfg, False)
+        del cfg["hydra"]
+    validate(cfg)
+
+
+def check_bench(overrides: list[str]) -> None:
+    check_renamed(overrides)
+    base = [o for o in overrides if not o.startswith("hydra.")]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("bench", overrides=base)
+        runs = [o for o in base if not o.lstrip("+~").startswith("bench.")]
+        for name, delta in cfg.bench.contenders.items():
+            job = compose("bench", overrides=[*runs, *delta])
+            if str(job.device).startswith("cuda"):
+                job.device = "cpu"
+            validate(job)
+            assert job.method != "all", name
+
+
+def check(command: str) -> None:
+    args = shlex.split(command)
+    if args[0] == "make":
+        makefile = (ROOT / "Makefile").read_text()
+        assert re.search(rf"^{re.escape(args[1])}:", makefile, re.MULTILINE), f"no make target {args[1]!r}"
+        extra = next((a.removeprefix("ARGS=") for a in args[2:] if a.startswith("ARGS=")), None)
+        if args[1] == "run" and extra:
+            check_run(run_overrides(shlex.split(extra)))
+        return
+    module = args[2].removeprefix("experiments.")
+    rest = args[3:]
+    if module == "run":
+        check_run(run_overrides(rest))
+    elif module == "bench":
+        check_bench(run_overrides(rest))
+    else:
+        report_parser().parse_args(rest)
+
+
+def test_the_docs_show_commands():
+    assert len(DOCUMENTED) >= 30
+    assert {c.split()[2] for _, _, c in DOCUMENTED if c.startswith("python")} >= {
+        "experiments.run", "experiments.bench", "experiments.report",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("path,number,command", DOCUMENTED, ids=[f"{p.name}:{n}" for p, n, _ in DOCUMENTED])
+def test_documented_command_works(path: Path, number: int, command: str):
+    try:
+        check(command)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (any failure, and argparse exits on bad arguments)
+        pytest.fail(f"{path.relative_to(ROOT)}:{number}: `{command}` no longer works: {type(e).__name__}: {e}")
