@@ -32,8 +32,8 @@ test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in 
 bench: $(STAMP)  ## side-by-side benchmark against Hugging Face generation
 	$(BIN)/python -m experiments.bench $(ARGS)
 
-lab: $(STAMP)  ## JupyterLab on notebooks/
-	$(BIN)/jupyter lab notebooks/
+lab: $(STAMP)  ## JupyterLab on notebooks/ (as root too, as in most containers: JupyterLab then wants --allow-root)
+	$(BIN)/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src experiments tests

@@ -180,6 +180,13 @@ def machine_sentence(info: dict[str, object]) -> str:
     return line + "."
 
 
+def provenance(device: str = "cpu") -> str:
+    """Where and when outputs come from: the date, the machine and the commit (a notebook prints it first)."""
+    info = machine(device)
+    dirty = " with uncommitted changes" if info["git_dirty"] else ""
+    return f"Run on {info['date']} at commit {str(info['git_commit'])[:10]}{dirty}. {machine_sentence(info)}"
+
+
 # ---------------------------------------------------------------------------- memory
 
 

@@ -1,10 +1,12 @@
 """Every notebook runs top to bottom, as a reader would run it: in its fast setting (SPECDEC_FAST=1) in
-`make test`, in its full setting in `make test-all` (marker `exhaustive`).
+`make test`, in its full setting in `make test-all` (marker `exhaustive`; SPECDEC_SAVE_NOTEBOOKS=1 writes the
+executed notebooks back, which is how their committed outputs are made).
 
 The kernel is this interpreter (jupyter_client maps the kernel spec's `python` to sys.executable),
 started in notebooks/ like JupyterLab does. Each notebook's own asserts are the checks.
 """
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -19,12 +21,16 @@ def test_every_notebook_is_listed():
     assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == NAMES
 
 
-def execute(name: str, timeout: int) -> None:
-    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+def execute(name: str, timeout: int, save: bool = False) -> None:
+    """Run the notebook top to bottom; save: write it back with its new outputs (the committed ones)."""
+    path = NOTEBOOKS / f"{name}.ipynb"
+    notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
         notebook, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(NOTEBOOKS)}}
     )
     client.execute()  # raises CellExecutionError, with the failing cell, on any error or failed assert
+    if save:
+        nbformat.write(notebook, path)
 
 
 @pytest.mark.slow
@@ -42,4 +48,4 @@ def test_notebook_runs_in_fast_mode(name, monkeypatch):
 def test_notebook_runs_in_full_mode(name, monkeypatch):
     monkeypatch.delenv("SPECDEC_FAST", raising=False)
     monkeypatch.delenv("SPECDEC_RESULTS", raising=False)
-    execute(name, timeout=3600)
+    execute(name, timeout=3600, save=os.environ.get("SPECDEC_SAVE_NOTEBOOKS") == "1")  # refresh committed outputs
