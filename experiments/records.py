@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import platform
@@ -110,6 +111,7 @@ def bitsandbytes_cpu_backend() -> dict[str, object]:
     without it every 4-bit matmul dequantizes the whole weight first. Asked of torch's dispatcher, so it
     reports what was registered, not what the flags suggest.
     """
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its notice about an optional kernel package
     try:
         import bitsandbytes  # noqa: F401  (registers its kernels)
         from bitsandbytes.functional import has_avx512bf16
@@ -183,7 +185,8 @@ def machine_sentence(info: dict[str, object]) -> str:
 def provenance(device: str = "cpu") -> str:
     """Where and when outputs come from: the date, the machine and the commit (a notebook prints it first)."""
     info = machine(device)
-    dirty = " with uncommitted changes" if info["git_dirty"] else ""
+    code = git("status", "--porcelain", "--untracked-files=no", "--", "src", "experiments", "conf", "data")
+    dirty = " with uncommitted changes to the code" if code not in ("", "unknown") else ""
     return f"Run on {info['date']} at commit {str(info['git_commit'])[:10]}{dirty}. {machine_sentence(info)}"
 
 
