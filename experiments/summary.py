@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
 
-from specdec.metrics import optimal_k, walltime_improvement
+from specdec.metrics import expected_tokens_per_pass, optimal_k, walltime_improvement
 
 from .records import cell, machine_sentence, markdown_table, strict_json
 
@@ -95,7 +96,13 @@ def theory(rows: pd.DataFrame, k: int) -> dict[str, float]:
     c = ratio(spec["seconds_draft"].sum(), rounds) / k / step
     alpha = ratio(spec["overlap_sum"].sum(), spec["overlap_count"].sum())
     verify_cost = ratio(spec["seconds_verify"].sum(), rounds) / step
+    produced = [n + 1 for n in flatten(spec["accepted_per_round"])]  # tokens per pass, before end-token cuts
     return {
+        # Eq. 1 for the measured alpha at each round's draft length (the last rounds draft fewer, within the
+        # budget), against the tokens the rounds produced, with their standard error
+        "predicted_tokens_per_pass": mean([expected_tokens_per_pass(alpha, j) for j in flatten(spec["chosen_k"])]),
+        "produced_tokens_per_pass": mean(produced),
+        "produced_tokens_per_pass_se": statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan,
         "c": c,
         "verify_cost": verify_cost,
         "theoretical_speedup": walltime_improvement(alpha, c, k),
