@@ -24,7 +24,7 @@ import torch
 
 from specdec.tiny import tiny_model
 
-HEAVY_FIXTURES = {"smollm2", "run_dir"}  # tests sharing one of these run on the same xdist worker
+HEAVY_FIXTURES = {"smollm2", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
 
 
 def pytest_configure(config: pytest.Config) -> None:
