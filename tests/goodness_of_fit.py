@@ -68,6 +68,57 @@ def power(probs: torch.Tensor, alternative: torch.Tensor, n: int = N_SAMPLES, al
     return float(ncx2.sf(chi2.isf(alpha, df), df, lam))
 
 
+RoundRule = Callable[[Callable[[int], torch.Tensor], Callable[[int], torch.Tensor], tuple[int, ...]],
+                     list[tuple[tuple[int, ...], float]]]  # (p after xs[:n], q after xs[:n], draft xs) -> outcomes
+
+
+def token_round(residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> RoundRule:
+    """One round of Leviathan's token-level rule on a draft xs: (emitted tokens, probability) of every outcome,
+    given the draft. Accept x_i with min(1, p/q), resample from residual(p, q) at the first rejection, bonus
+    token from p when all are accepted."""
+
+    def outcomes(p_of, q_of, xs):
+        out, weight = [], 1.0  # weight: probability of accepting the first n tokens
+        for n in range(len(xs) + 1):
+            p = p_of(n)
+            if n == len(xs):
+                return out + [(xs + (y,), weight * float(p[y])) for y in range(p.numel())]
+            q = q_of(n)
+            accepted = min(1.0, float(p[xs[n]] / q[xs[n]]))
+            r = residual(p, q)
+            out += [(xs[:n] + (y,), weight * (1 - accepted) * float(r[y])) for y in range(p.numel())]
+            weight *= accepted
+        return out
+
+    return outcomes
+
+
+def block_round(residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> RoundRule:
+    """One round of block verification (Sun et al. 2025) on a draft xs, computed from its definition: weights
+    w_i = min(1, w_{i-1} p/q); going back from i = k, stop at i with probability h_i (w_k at the end,
+    s_i / (s_i + 1 - w_i) before it) and draw the next token from residual(w_i p, q) (p after the whole block)."""
+
+    def outcomes(p_of, q_of, xs):
+        k, weights = len(xs), [1.0]
+        for i, x in enumerate(xs):
+            weights.append(min(1.0, weights[-1] * float(p_of(i)[x] / q_of(i)[x])))
+        out, reach = [], 1.0  # reach: probability that no later stopping point was taken
+        for i in range(k, -1, -1):
+            p = p_of(i)
+            if i == k:
+                h, r = weights[k], p
+            else:
+                s = float((weights[i] * p - q_of(i)).clamp_min(0).sum())
+                h = s / (s + 1 - weights[i]) if s + 1 - weights[i] > 0 else 1.0
+                r = residual(weights[i] * p, q_of(i))
+            if h > 0:
+                out += [(xs[:i] + (y,), reach * h * float(r[y])) for y in range(p.numel())]
+            reach *= 1 - h
+        return out
+
+    return outcomes
+
+
 @torch.inference_mode()
 def rule_distribution(
     target: PreTrainedModel,
@@ -77,13 +128,14 @@ def rule_distribution(
     sampling: Sampling,
     k: int,
     residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    rule: Callable[[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]], RoundRule] = token_round,
 ) -> torch.Tensor:
-    """Exact distribution (V^n,) of speculative_generate's output when rejections resample from residual(p, q).
-
-    Rounds as in specdec.speculative: draft min(k, budget - 1) tokens from q, accept x_i with min(1, p/q),
-    resample at the first rejection, bonus token from p when all are accepted. Only for tiny V and n.
+    """Exact distribution (V^n,) of the loop's output when each round drafts min(k, budget - 1) tokens from q and
+    verifies them with `rule` (token_round: Leviathan's; block_round) whose rejections resample from
+    residual. Only for tiny V and n.
     """
     vocab = int(target.config.vocab_size)
+    verify = rule(residual)
 
     @functools.cache
     def dist(model: PreTrainedModel, prefix: tuple[int, ...]) -> torch.Tensor:  # (V,)
@@ -96,33 +148,43 @@ def rule_distribution(
         if budget == 0:
             return {(): 1.0}
         out: dict[tuple[int, ...], float] = {}
-
-        def emit(tokens: tuple[int, ...], weight: float) -> None:
-            for tail, w in completions(prefix + tokens).items():
-                out[tokens + tail] = out.get(tokens + tail, 0.0) + weight * w
-
-        k_round = min(k, budget - 1)
-        for xs in itertools.product(range(vocab), repeat=k_round):
-            weight = 1.0  # probability of drafting xs, then of accepting its first n tokens
+        for xs in itertools.product(range(vocab), repeat=min(k, budget - 1)):
+            drafted = 1.0  # probability of drafting xs
             for i, x in enumerate(xs):
-                weight *= float(dist(draft, prefix + xs[:i])[x])
-            for n in range(k_round + 1):
-                if weight == 0:
-                    break
-                p = dist(target, prefix + xs[:n])
-                if n == k_round:  # all accepted: bonus token from p
-                    for y in range(vocab):
-                        emit(xs + (y,), weight * float(p[y]))
-                    break
-                q = dist(draft, prefix + xs[:n])
-                accepted = min(1.0, float(p[xs[n]] / q[xs[n]]))
-                r = residual(p, q)
-                for y in range(vocab):
-                    emit(xs[:n] + (y,), weight * (1 - accepted) * float(r[y]))
-                weight *= accepted
+                drafted *= float(dist(draft, prefix + xs[:i])[x])
+            if drafted == 0:
+                continue
+            outcomes = verify(lambda n, xs=xs: dist(target, prefix + xs[:n]), lambda n, xs=xs: dist(draft, prefix + xs[:n]), xs)
+            for tokens, weight in outcomes:
+                if weight:
+                    for tail, w in completions(prefix + tokens).items():
+                        out[tokens + tail] = out.get(tokens + tail, 0.0) + drafted * weight * w
         return out
 
     probs = torch.zeros(vocab**n_tokens, dtype=torch.float64)
     for tokens, w in completions(()).items():
         probs[sequence_index(torch.tensor(tokens), vocab)] += w
     return probs
+
+
+@torch.inference_mode()
+def first_round_tokens(
+    target: PreTrainedModel, draft: PreTrainedModel, prompt: torch.Tensor, sampling: Sampling, k: int, verify: RoundRule
+) -> float:
+    """Expected tokens one round emits after the prompt (accepted drafts + 1) with k drafts, enumerated."""
+    vocab = int(target.config.vocab_size)
+
+    @functools.cache
+    def dist(model: PreTrainedModel, prefix: tuple[int, ...]) -> torch.Tensor:  # (V,)
+        logits = model(input_ids=torch.cat([prompt[0], torch.tensor(prefix, dtype=torch.long)])[None]).logits
+        return probabilities(logits[0, -1, :vocab], sampling).double()
+
+    expected = 0.0
+    for xs in itertools.product(range(vocab), repeat=k):
+        drafted = 1.0
+        for i, x in enumerate(xs):
+            drafted *= float(dist(draft, xs[:i])[x])
+        if drafted:
+            outcomes = verify(lambda n, xs=xs: dist(target, xs[:n]), lambda n, xs=xs: dist(draft, xs[:n]), xs)
+            expected += drafted * sum(w * len(tokens) for tokens, w in outcomes)
+    return expected

@@ -15,7 +15,7 @@ from .metrics import (
 )
 from .naive import draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
-from .speculative import Draft, TokenLevel
+from .speculative import BlockVerification, Draft, TokenLevel
 from .tree import TreeDraft
 from .tree_accept import TreeRules
 from .tree_cost import TreeCostModel
@@ -23,6 +23,7 @@ from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter
 
 __all__ = [
     "GREEDY",
+    "BlockVerification",
     "ChainTreeDrafter",
     "CostModel",
     "Draft",

@@ -233,13 +233,18 @@ def speculative_generate(
     *,
     k: int | str | Rule = 4,
     k_max: int = 8,
+    acceptance: AcceptanceRule | None = None,
     **options,
 ) -> Generation:
     """Speculative sampling over chains of draft tokens (Leviathan's Algorithm 1): decode with the token-level
-    rule. k: draft tokens per round (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a
-    rule (a CostModel instance) is used as given and keeps its measurements across calls. options: decode's."""
+    rule, or another rule for chains (acceptance=specdec.BlockVerification()). k: draft tokens per round
+    (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a rule (a CostModel instance) is used
+    as given and keeps its measurements across calls. options: decode's."""
     rule = draft_rule(k, k_max, drafter)
-    return decode(target, drafter, input_ids, rule=rule, acceptance=TokenLevel(), **options)
+    acceptance = acceptance or TokenLevel()
+    if acceptance.trees:
+        raise ValueError(f"{type(acceptance).__name__} verifies token trees; speculative_generate verifies chains")
+    return decode(target, drafter, input_ids, rule=rule, acceptance=acceptance, **options)
 
 
 def tree_generate(
