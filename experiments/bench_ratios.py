@@ -79,6 +79,10 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
             efficiency_vs_theory_with_verify_cost=speedup / refined,
         )
     out["spec_ngram_vs_ar"] = tps("spec_ngram") / tps("ar")
+    if "default_block" in c and MODEL_CHAIN in c:  # block against token-level verification, the same draft and k
+        per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in ("default_block", MODEL_CHAIN)]
+        out["block_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
+        out["block_vs_token_tokens_per_second"] = tps("default_block") / tps(MODEL_CHAIN)
     speculating = group("ours", "model", "ngram", "hybrid")  # every offline configuration of ours
     for category in ("summarization", "retrieval"):
         rates = [r for r in (tps(name, category) for name in speculating) if not math.isnan(r)]

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
+from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
 
 from .hf import hf_generate
@@ -24,6 +26,7 @@ class Setup:
     pair: Pair
     drafter: Drafter
     hf: DictConfig
+    acceptance: AcceptanceRule  # how the speculative method's chains are verified (conf/verify/)
 
     def generate(
         self, method: str, ids: torch.Tensor, max_new_tokens: int, seed: int | None = None, stop_at_eos: bool = True
@@ -43,7 +46,7 @@ class Setup:
                                  max_nodes=plan.max_nodes, phase_times=True, **common)  # fmt: skip
         if method == "speculative":
             return speculative_generate(pair.target, self.drafter, ids, k=plan.k, k_max=plan.k_max, phase_times=True,
-                                        **common)  # fmt: skip
+                                        acceptance=self.acceptance, **common)  # fmt: skip
         if method == "hf":
             return hf_generate(pair, ids, self.hf, plan.sampling, max_new_tokens, seed, eos)
         return draft_then_score(
@@ -58,4 +61,5 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
     if isinstance(plan.threads, int):  # auto: measured once the target is loaded (experiments.pair)
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)
-    return Setup(plan, pair, tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter, cfg.hf)
+    drafter = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter
+    return Setup(plan, pair, drafter, cfg.hf, instantiate(cfg.verify))

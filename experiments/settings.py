@@ -183,6 +183,12 @@ def check_drafters(cfg: DictConfig) -> None:
         check_target(node, f"model.draft.candidates.{name}")
     if cfg.tree:
         check_target(cfg.tree, "tree")
+    check_target(cfg.verify, "verify")
+    if cfg.tree and cfg.verify._target_ != "specdec.TokenLevel":
+        raise ConfigError(
+            f"verify={cfg.verify._target_.rsplit('.', 1)[-1]} verifies chains, but tree= verifies a token tree per "
+            "pass with the exact tree rules: use tree=none, or verify=token"
+        )
     if cfg.tree and needs_draft_model(cfg.tree) and not has_draft_model(cfg):
         raise ConfigError(
             f"tree={cfg.tree._target_.rsplit('.', 1)[-1]} drafts with a draft model, but model={cfg.model.name} "

@@ -83,6 +83,8 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
         assert figures["tokens_per_second"]["median"] > 0 and figures["tokens_per_second"]["n"] == 1
         assert set(figures["by_category"]) == {"chat", "summarization", "translation"}
     assert bench_result["greedy_check"]["identical"], bench_result["greedy_check"]["mismatches"]
+    # greedy: block verification accepts exactly what the token-level rule accepts
+    assert bench_result["ratios"]["block_vs_token_tokens_per_pass"] == pytest.approx(1.0)
     table = bench_table(bench_result)
     assert "speedup_vs_hf_assisted" in table and "| spec_ngram | speculative | draft@model.draft=ngram |" in table
 

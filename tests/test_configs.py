@@ -37,7 +37,7 @@ from specdec.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("model", "quantization", "dataset", "logger", "tree", "hf", "experiment")
+GROUPS = ("model", "quantization", "dataset", "logger", "tree", "hf", "verify", "experiment")
 
 
 def options(group: str) -> list[str]:
@@ -153,6 +153,7 @@ BAD = [
     (["tree=model", "model=smollm2_ngram"], "tree=ModelTreeDrafter drafts with a draft model.*use tree=ngram"),
     (["tree=hybrid", "model=smollm2_ngram"], "tree=HybridTreeDrafter drafts with a draft model"),
     (["tree=ngram", "tree.depth=null"], "depth must be an integer >= 1, got None"),
+    (["tree=ngram", "verify=block"], "verify=BlockVerification verifies chains.*use tree=none, or verify=token"),
     (["tree=model", "model=smollm2_weak", "tree.children=null"], "children must be one of"),
     (["tree=ngram", "tree.matches=0"], "matches must be an integer >= 1"),
     (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "need 1 <= min_ngram <= max_ngram"),
