@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .sampling import Sampling, probabilities, sample
-from .speculative import accept
+from .speculative import Draft, accept
 from .tree_accept import DETERMINISTIC, DISTINCT, IID, SiblingRule, accept_tree, iid_rule, siblings, without
 
 
@@ -57,12 +57,18 @@ def sequence_distribution(
     return probs.gather(-1, continuations[..., None]).squeeze(-1).double().prod(-1)  # (V^n,)
 
 
-def fixed_round(p: torch.Tensor, q: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+def fixed_round(
+    p: torch.Tensor, q: torch.Tensor, k: int, generator: torch.Generator | None, acceptance: object = None
+) -> torch.Tensor:
     """One speculative round when p and q (V,) are the same at every position; returns the emitted tokens.
 
-    Drafts k tokens from q and applies specdec.speculative.accept; emits accepted + 1 tokens.
+    Drafts k tokens from q and applies specdec.speculative.accept (or an acceptance rule of the loop, e.g.
+    specdec.BlockVerification()); emits accepted + 1 tokens.
     """
     draft = sample(q.expand(k, -1), generator)  # (k,)
+    if acceptance is not None:
+        path, next_token = acceptance.accept(p.expand(k + 1, -1), Draft(draft, q.expand(k, -1)), generator)
+        return torch.cat([draft[: len(path)], next_token])
     n, next_token = accept(p.expand(k + 1, -1), q.expand(k, -1), draft, generator)
     return torch.cat([draft[:n], next_token])
 
