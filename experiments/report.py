@@ -34,7 +34,7 @@ SCHEDULE_COLUMNS = [  # runs without a fixed k: k=auto and token trees
     "tree_nodes_mean", "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second",
 ]  # fmt: skip
 TEXT_COLUMNS = {"model", "draft", "drafter", "draft_cost", "target_quantization", "draft_quantization", "method",
-                "dataset", "device", "dtype", "run", "tree", "schedule"}  # fmt: skip
+                "dataset", "device", "dtype", "run", "tree", "schedule", "verify"}  # fmt: skip
 GROUP = ["draft", "draft_quantization", "temperature"]  # runs that differ only in k
 
 
