@@ -14,6 +14,7 @@ from .metrics import (
     walltime_improvement,
 )
 from .naive import draft_then_score
+from .online import DraftSwitch, OnlineDraftChoice
 from .sampling import GREEDY, Sampling, probabilities
 from .speculative import BlockVerification, Draft, TokenLevel
 from .tree import TreeDraft
@@ -27,6 +28,7 @@ __all__ = [
     "ChainTreeDrafter",
     "CostModel",
     "Draft",
+    "DraftSwitch",
     "Drafter",
     "FixedDraftLength",
     "Generation",
@@ -35,6 +37,7 @@ __all__ = [
     "ModelTreeDrafter",
     "NGramDrafter",
     "NGramTreeDrafter",
+    "OnlineDraftChoice",
     "Sampling",
     "Stats",
     "TokenLevel",

@@ -16,8 +16,10 @@ distribution p, so the emitted sequence keeps the target's distribution: whateve
 speculative sampling with that k is exact, and k is fixed before p is seen.
 
 Every number is measured while generating; nothing is a hard-coded timing constant:
-- T_pass(w): the median of the last `window` passes of width w; an unseen width is read off a
-  least-squares line over the measured widths, never below T_pass(1);
+- T_pass(w): the median of the last `window` passes of width w that are recent (measured in the last
+  `max_age` rounds; a width measured longer ago counts by its newest pass alone, so that a change of
+  machine load reaches every estimate within a few rounds); an unseen width is read off a least-squares
+  line over the measured widths, never below T_pass(1);
 - T_draft(k): k times the median time per drafted token (`draft_cost="per_token"`, a draft model:
   each token is one forward), or the median time per call (`draft_cost="per_call"`, prompt lookup:
   a proposal costs about the same whatever its length);
@@ -75,6 +77,7 @@ class Choice:
     nodes: int | None = None
     expected_tokens: float | None = None
     seconds: float | None = None
+    draft: str | None = None  # the candidate chosen online (specdec.online; "": no draft), None: one drafter
 
     @property
     def prediction(self) -> tuple[float, float] | None:
@@ -121,12 +124,40 @@ class Rule(Protocol):
         """A finished round."""
 
 
+class RecentTimes:
+    """Recent timings of one kind (a pass width, or a drafter's unit), each with the round it was measured in.
+
+    The estimate is the median of the last `window` samples measured within `max_age` rounds of `now`; when none
+    is that recent, the newest sample alone (what the machine did when this was last tried)."""
+
+    def __init__(self, window: int, max_age: int):
+        self.max_age = max_age
+        self.samples: deque[tuple[int, float]] = deque(maxlen=window)  # (round, seconds)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, round: int, seconds: float) -> None:
+        self.samples.append((round, seconds))
+
+    def newest(self) -> int:
+        """The round of the newest sample."""
+        return self.samples[-1][0]
+
+    def median(self, now: int) -> float:
+        recent = [s for r, s in self.samples if r >= now - self.max_age]
+        return statistics.median(recent) if recent else self.samples[-1][1]
+
+
 class CostModel:
     """Online estimates of pass time by width, draft time and per-position acceptance; picks k per round.
 
     clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
-    window: recent timings kept per width (median). decay: weight kept by older acceptance evidence per
-    round. prior: a_1 before any evidence (optimistic, so that drafting is tried).
+    window: recent timings kept per width (median). max_age: rounds after which a timing no longer counts
+    once a newer one exists (default: window). decay: weight kept by older acceptance evidence per round.
+    prior: a_1 before any evidence (optimistic, so that drafting is tried). pass_times: the table of target
+    pass times to fill (width -> RecentTimes), to share one among the cost models of several drafters
+    (specdec.online); default: a table of its own.
     """
 
     trees = False  # prices chains: one draft length per round
@@ -140,6 +171,8 @@ class CostModel:
         window: int = 9,
         decay: float = 0.9,
         prior: float = 0.9,
+        max_age: int | None = None,
+        pass_times: dict[int, RecentTimes] | None = None,
     ):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
@@ -153,8 +186,10 @@ class CostModel:
         self.window = window
         self.decay = decay
         self.prior = prior
-        self.pass_times: dict[int, deque[float]] = {}  # width -> recent seconds
-        self.draft_times: deque[float] = deque(maxlen=window)  # seconds per token or per call
+        self.max_age = window if max_age is None else max_age
+        self.round = 0  # rounds observed: the age of a timing
+        self.pass_times: dict[int, RecentTimes] = {} if pass_times is None else pass_times  # width -> seconds
+        self.draft_times = RecentTimes(window, self.max_age)  # seconds per token or per call
         self.overlap_sum = [0.0] * k_max  # decayed sum of beta_i over rounds that reached position i
         self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
 
@@ -162,14 +197,14 @@ class CostModel:
 
     def record_pass(self, width: int, seconds: float) -> None:
         """One target pass over `width` tokens (1: a plain step) took `seconds`."""
-        self.pass_times.setdefault(width, deque(maxlen=self.window)).append(seconds)
+        self.pass_times.setdefault(width, RecentTimes(self.window, self.max_age)).add(self.round, seconds)
 
     def record_draft(self, tokens: int, seconds: float) -> None:
         """A drafter call proposing `tokens` tokens took `seconds` (an empty proposal counts per call only)."""
         if self.draft_cost == "per_call":
-            self.draft_times.append(seconds)
+            self.draft_times.add(self.round, seconds)
         elif tokens:
-            self.draft_times.append(seconds / tokens)
+            self.draft_times.add(self.round, seconds / tokens)
 
     def record_acceptance(self, overlaps: Sequence[float]) -> None:
         """One round: beta_i = sum_x min(p_i, q_i) at the positions i = 1..len(overlaps) it reached."""
@@ -183,6 +218,7 @@ class CostModel:
     def observe(self, round: Round) -> None:
         """A finished round: its draft and verify times, and beta_i at the positions it reached. A k = 0 round
         called no drafter and times only its pass."""
+        self.round += 1
         drafted = round.verified.size
         if round.choice.k:
             self.record_draft(drafted, round.seconds["draft"])
@@ -196,9 +232,9 @@ class CostModel:
         if not self.pass_times:
             raise ValueError("no target pass has been timed yet")
         if width in self.pass_times:
-            return statistics.median(self.pass_times[width])
+            return self.pass_times[width].median(self.round)
         widths = sorted(self.pass_times)
-        medians = [statistics.median(self.pass_times[w]) for w in widths]
+        medians = [self.pass_times[w].median(self.round) for w in widths]
         if len(widths) == 1:
             return medians[0]
         floor = medians[0] if widths[0] == 1 else min(medians)
@@ -209,7 +245,7 @@ class CostModel:
         """T_draft(k): time to propose k tokens (0 for k = 0: a plain step calls no drafter)."""
         if k == 0:
             return 0.0
-        unit = statistics.median(self.draft_times)
+        unit = self.draft_times.median(self.round)
         return unit if self.draft_cost == "per_call" else k * unit
 
     def proposal_seconds(self, width: int, drafted: int) -> float:

@@ -35,6 +35,7 @@ from .checks import check_generation_args
 from .cost import Choice, CostModel, FixedDraftLength, Rule, check_draft_cost
 from .drafters import Drafter, Proposal
 from .metrics import Generation, Stats
+from .online import DraftSwitch, OnlineDraftChoice
 from .sampling import DEFAULT_SAMPLING, Sampling
 from .speculative import Draft, TokenLevel
 from .stopping import EosSet, truncate_at_eos
@@ -143,7 +144,7 @@ def observe(stats: Stats, rule: Rule, round: Round, trees: bool) -> None:
     stats.draft_forwards += round.verified.forwards
     stats.record_round(round.verified.size, round.depth, accepted, round.overlaps.numel(), tree=trees)
     chosen = round.depth if round.choice.k is None else round.choice.k
-    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds)
+    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds, round.choice.draft)
     rule.observe(round)
 
 
@@ -206,14 +207,19 @@ def decode(
 def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64) -> Rule:
     """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
     fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
-    trees) pricing drafts as the drafter's draft_cost says; an object with choose and observe, used as given."""
+    trees) pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an
+    OnlineDraftChoice (which draft, and how long, every round); an object with choose and observe, used as given."""
     if hasattr(k, "choose") and hasattr(k, "observe"):
         if getattr(k, "trees", trees) != trees:
             wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
             raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(k).__name__}")
         if getattr(k, "draft_cost", None) is not None:
             check_draft_cost(drafter, k.draft_cost)
+        if getattr(k, "switch", drafter) is not drafter:
+            raise ValueError(f"the {type(k).__name__} selects in another DraftSwitch than the drafter given")
         return k
+    if k == "auto" and isinstance(drafter, DraftSwitch) and not trees:
+        return OnlineDraftChoice(drafter, k_max)
     if k == "auto":
         model = TreeCostModel if trees else CostModel
         return model(k_max, check_draft_cost(drafter), **({"max_nodes": max_nodes} if trees else {}))

@@ -39,6 +39,8 @@ class Stats:
     # Draft length per round (k="auto": chosen by specdec.cost.CostModel) and the cost model's prediction
     # over the rounds it predicted (warm-up excluded) next to what those rounds measured.
     chosen_k: list[int] = field(default_factory=list)  # draft length chosen in each round (0: plain step)
+    chosen_draft: list[str] = field(default_factory=list)  # the candidate of each drafting round chosen online
+    # (specdec.online.OnlineDraftChoice); "" for a plain step; empty for a single drafter
     predicted_tokens: float = 0.0  # sum of E(k) over predicted rounds
     predicted_seconds: float = 0.0  # sum of C(k) over predicted rounds
     measured_tokens: int = 0  # tokens those rounds produced (accepted + 1, before EOS truncation)
@@ -47,9 +49,12 @@ class Stats:
     tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
     def record_schedule(self, k: int, predicted: tuple[float, float] | None, produced: int,
-                        seconds: dict[str, float]) -> None:
-        """A round's chosen k, the model's (E(k), C(k)) if any, the tokens it produced and its timed seconds."""
+                        seconds: dict[str, float], draft: str | None = None) -> None:
+        """A round's chosen k, the model's (E(k), C(k)) if any, the tokens it produced, its timed seconds, and
+        the candidate that drafted it when one was chosen online (draft)."""
         self.chosen_k.append(k)
+        if draft is not None:
+            self.chosen_draft.append(draft if k else "")
         for key, value in seconds.items():
             self.seconds[key] = self.seconds.get(key, 0.0) + value
         if predicted is not None:

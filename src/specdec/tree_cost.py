@@ -87,6 +87,7 @@ class TreeCostModel(CostModel):
     def observe(self, round: Round) -> None:
         """A finished tree round: the shape of the drafter's proposal, the children the walk tried in the
         verified (kept) tree, and its draft and verify seconds."""
+        self.round += 1
         proposed, kept = round.proposed.parents.tolist(), round.verified.parents.tolist()
         if round.choice.k:
             if proposed:

@@ -1,0 +1,207 @@
+"""Decisions that keep being made: which draft, and how many tokens of it, chosen again every round.
+
+A calibration at the start (specdec.calibration) measures each candidate draft for a few seconds and keeps
+one. On a shared machine that choice can be wrong for the rest of the run: a burst of load during those
+seconds makes a good draft look slow, and load that starts later makes a good draft slow (a draft's small
+matmuls suffer more from a busy core than the target's pass does). Here the choice is a rule of the decoding
+loop instead (specdec.decoding), made each round from measurements of earlier rounds:
+
+    DraftSwitch            the candidates behind one drafter: the loop sees one, `select` picks who proposes
+    OnlineDraftChoice      per round the (draft, k) with the most expected tokens per second, where k = 0 is
+                           "no draft" (a plain target step); each candidate has its own specdec.cost.CostModel
+                           (its draft time and per-position acceptance), all share one table of target pass
+                           times by width
+
+Notation of Leviathan et al.: a round with draft d and length k is expected to emit E_d(k) tokens and to cost
+C_d(k) = T_pass(k + 1) + T_draft,d(k) seconds; the rule picks argmax over (d, k) of E_d(k) / C_d(k).
+
+Exploration at a bounded cost. Two estimates go stale for a draft that is not used: its acceptance (each round
+decays its evidence towards its prior, the calibrated alpha, so an unused draft is tried again once the prior
+says it would win) and its draft time (a machine that got quieter or busier). A draft whose newest draft
+timing is older than its probe gap gets one probe round at its best k >= 1; a probe that does not make it the
+best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one round in
+`probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer count
+once a newer one exists (specdec.cost.RecentTimes), so a change of load reaches every estimate within a few
+rounds.
+
+Exactness: every choice is a function of earlier rounds only (their times and acceptance), never of this
+round's target distribution p. Given the past, the round is speculative sampling with a fixed draft and a fixed
+k, which emits the target's distribution (notebook 01, section 9); so the whole output is exact, whatever the
+machine's load does to the choices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+from .cost import Choice, CostModel, Round
+from .drafters import Drafter, Proposal
+from .metrics import expected_tokens
+from .sampling import Sampling
+
+
+class DraftSwitch:
+    """Several candidate drafters behind one: every candidate follows the sequence (start, rollback, the target's
+    cache), the selected one proposes. `default` is selected at the start of each sequence (a rule that chooses
+    online selects per round; a fixed k drafts with the default throughout)."""
+
+    def __init__(self, candidates: Mapping[str, Drafter], default: str | None = None):
+        if not candidates:
+            raise ValueError("DraftSwitch needs at least one candidate drafter")
+        self.candidates = dict(candidates)
+        self.default = next(iter(self.candidates)) if default is None else default
+        self.select(self.default)
+        widths = [d.vocab_size for d in self.candidates.values() if d.vocab_size]
+        self.vocab_size = min(widths) if widths else None
+
+    @property
+    def draft_cost(self) -> str:
+        return self.candidates[self.selected].draft_cost
+
+    @property
+    def model(self) -> object:
+        """The selected candidate's draft model (None for a model-free drafter)."""
+        return getattr(self.candidates[self.selected], "model", None)
+
+    def select(self, name: str) -> None:
+        if name not in self.candidates:
+            raise KeyError(f"no candidate {name!r}; candidates: {', '.join(self.candidates)}")
+        self.selected = name
+
+    def share_cache(self, target: object) -> None:
+        for drafter in self.candidates.values():
+            share = getattr(drafter, "share_cache", None)
+            if share is not None:
+                share(target)
+
+    def start(self, prompt: torch.Tensor) -> None:
+        self.select(self.default)
+        for drafter in self.candidates.values():
+            drafter.start(prompt)
+
+    def propose(
+        self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> Proposal:
+        return self.candidates[self.selected].propose(sequence, k, sampling, vocab_size, generator)
+
+    def rollback(self, length: int) -> None:
+        for drafter in self.candidates.values():
+            drafter.rollback(length)
+
+
+def best_rate(model: CostModel, limit: int, shortest: int = 0) -> tuple[int, float]:
+    """The draft length in shortest..limit with the most expected tokens per second, and that rate."""
+    acceptance = model.acceptance()
+    rates = {k: expected_tokens(acceptance[:k]) / model.cost(k) for k in range(shortest, limit + 1)}
+    k = max(rates, key=lambda j: (rates[j], -j))
+    return k, rates[k]
+
+
+class OnlineDraftChoice:
+    """A rule for chains (specdec.decoding): each round the candidate and draft length 0..k_max with the most
+    expected tokens per second, from earlier rounds only; see the module's docstring.
+
+    switch: the DraftSwitch the loop drafts with (this rule selects in it). prior: a_1 before evidence, one value
+    or one per candidate (the calibrated alphas). probe_every / probe_most: the shortest and longest gap, in
+    rounds, between probes of a draft that is not the best. window, max_age, decay, clock: each CostModel's.
+    """
+
+    trees = False
+
+    def __init__(
+        self,
+        switch: DraftSwitch,
+        k_max: int = 8,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        window: int = 5,
+        max_age: int | None = None,
+        decay: float = 0.9,
+        prior: float | Mapping[str, float] = 0.9,
+        probe_every: int = 16,
+        probe_most: int = 128,
+    ):
+        if not 1 <= probe_every <= probe_most:
+            raise ValueError(f"need 1 <= probe_every <= probe_most, got {probe_every} and {probe_most}")
+        self.switch = switch
+        self.clock = clock
+        self.k_max = k_max
+        self.probe_every, self.probe_most = probe_every, probe_most
+        self.pass_times: dict = {}  # width -> RecentTimes, shared by every candidate's model
+        priors = dict(prior) if isinstance(prior, Mapping) else {name: prior for name in switch.candidates}
+        self.models = {
+            name: CostModel(
+                k_max, d.draft_cost, clock=clock, window=window, max_age=max_age, decay=decay,
+                prior=priors.get(name, 0.9), pass_times=self.pass_times,
+            )
+            for name, d in switch.candidates.items()
+        }  # fmt: skip
+        self.round = 0
+        self.gap = {name: probe_every for name in self.models}  # rounds before the next probe of each
+        self.best: str | None = None  # the candidate the last non-probe choice preferred
+
+    @property
+    def draft_cost(self) -> None:
+        """Candidates price their drafts each as their drafter says (nothing to check against one drafter)."""
+        return None
+
+    def seed(self, pass_seconds: Mapping[int, float], draft_seconds: Mapping[str, float]) -> None:
+        """Start from measured timings (e.g. a calibration's), as if taken just before the first round: target
+        passes by width, and each candidate's draft unit (per token or per call). Newer rounds replace them."""
+        model = next(iter(self.models.values()))
+        for width, seconds in pass_seconds.items():
+            model.record_pass(width, seconds)
+        for name, seconds in draft_seconds.items():
+            self.models[name].draft_times.add(0, seconds)
+
+    # the rule ---------------------------------------------------------------------------------------
+
+    def choose(self, limit: int) -> Choice:
+        """This round's draft and draft length (0: a plain target step), at most `limit` tokens."""
+        limit = min(limit, self.k_max)
+        if limit == 0 or 1 not in self.pass_times:  # nothing to draft, or T_pass(1) not timed yet
+            return Choice(0, draft="")
+        unready = [name for name, m in self.models.items() if not m.ready]
+        if unready:  # warm-up: each candidate drafts the longest draft once, which times it and a wide pass
+            return self.draft(unready[0], limit)
+        rated = {name: best_rate(m, limit) for name, m in self.models.items()}
+        best = max(rated, key=lambda name: rated[name][1])
+        if self.best != best:
+            self.gap[best] = self.probe_every
+        self.best = best
+        drafting = best if rated[best][0] else None  # a plain step times no draft: every draft can go stale
+        stale = [name for name in self.models if name != drafting and self.age(name) >= self.gap[name]]
+        if stale:  # the draft timed longest ago, at its best k >= 1
+            name = max(stale, key=self.age)
+            self.gap[name] = min(2 * self.gap[name], self.probe_most)
+            return self.draft(name, best_rate(self.models[name], limit, shortest=1)[0])
+        k = rated[best][0]
+        return self.draft(best, k) if k else Choice(0, expected_tokens=1.0, seconds=self.models[best].cost(0), draft="")
+
+    def draft(self, name: str, k: int) -> Choice:
+        """Select candidate `name` for a round of k draft tokens, with its model's E(k) and C(k) once it can."""
+        self.switch.select(name)
+        model = self.models[name]
+        if not model.ready:
+            return Choice(k, draft=name)
+        return Choice(k, expected_tokens=expected_tokens(model.acceptance()[:k]), seconds=model.cost(k), draft=name)
+
+    def age(self, name: str) -> int:
+        """Rounds since the candidate's newest draft timing."""
+        return self.round - self.models[name].draft_times.newest()
+
+    def observe(self, round: Round) -> None:
+        """The drafting candidate learns the round (its draft time, acceptance, and the shared pass time); the
+        others' acceptance evidence decays by one round."""
+        used = round.choice.draft if round.choice.k else None
+        for name, model in self.models.items():
+            model.round = self.round
+            if name == used or (used is None and model is next(iter(self.models.values()))):
+                model.observe(round)  # a plain step: times the pass (the shared table) and decays
+            else:
+                model.round += 1
+                model.record_acceptance([])
+        self.round += 1

@@ -1,0 +1,157 @@
+"""Which draft, and how long, chosen again every round (specdec.online): exact, greedy-equal, and quick to follow
+a change of machine load.
+
+Timings come from injected clocks. The load test uses a clock that the drafters themselves advance: a target
+pass costs one time unit whatever its width, and a drafter adds its own cost per drafted token, which a
+simulated burst of load multiplies for one of them.
+"""
+
+import pytest
+import torch
+from test_adaptive import NGRAM_PROMPT, SAMPLINGS, RandomClock, counts_of
+from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
+from test_greedy import hf_greedy
+
+from specdec import GREEDY, DraftSwitch, ModelDrafter, NGramDrafter, OnlineDraftChoice, speculative_generate
+from specdec.exact import sequence_distribution
+from specdec.tiny import perturbed_copy, tiny_model
+
+
+def candidates(target, draft):
+    return {"model": ModelDrafter(draft), "copy": ModelDrafter(perturbed_copy(target, 0.3)), "ngram": NGramDrafter()}
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_online_choice_matches_target_distribution(small_vocab_pair, sampling):
+    """One rule shared by all samples, a clock with random increments: drafts, lengths and plain steps all vary
+    from round to round, and the output still has the target's distribution (and not the draft's)."""
+    target, draft = small_vocab_pair
+    switch = DraftSwitch(candidates(target, draft))
+    rule = OnlineDraftChoice(switch, k_max=4, clock=RandomClock(5), probe_every=2, probe_most=4)
+    chosen = []
+
+    def generate(g):
+        out = speculative_generate(target, switch, NGRAM_PROMPT, k=rule, sampling=sampling, max_new_tokens=N_TOKENS,
+                                   generator=g)  # fmt: skip
+        assert len(out.stats.chosen_draft) == len(out.stats.chosen_k)
+        chosen.extend(out.stats.chosen_draft)
+        return out.tokens
+
+    counts = counts_of(generate, seed=3)
+    assert chi_square_pvalue(counts, sequence_distribution(target, NGRAM_PROMPT, N_TOKENS, sampling)) > 1e-3
+    assert chi_square_pvalue(counts, sequence_distribution(draft, NGRAM_PROMPT, N_TOKENS, sampling)) < 1e-4
+    assert {"", "model", "copy", "ngram"} <= set(chosen)  # every candidate drafted, and plain steps were taken
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen2"])
+def test_online_choice_greedy_equals_target_greedy(arch):
+    """Copies that read the target's cache and a lookup, switched every few rounds (random clock, frequent probes)."""
+    target = tiny_model(arch, seed=0, scale=20.0)
+    prompt, n_new = torch.tensor([[0, 5, 3, 7, 5, 3]]), 40
+    switch = DraftSwitch({
+        "close": ModelDrafter(perturbed_copy(target, 0.05), reads_target_cache=True),
+        "far": ModelDrafter(perturbed_copy(target, 0.3)),
+        "ngram": NGramDrafter(),
+    })  # fmt: skip
+    rule = OnlineDraftChoice(switch, k_max=6, clock=RandomClock(1), probe_every=2, probe_most=4)
+    out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=n_new)
+    assert torch.equal(out.tokens, hf_greedy(target, prompt, n_new)), arch
+    assert len({d for d in out.stats.chosen_draft if d}) == 3
+
+
+class LoadClock:
+    """A round reads the clock four times (draft phase start and end, verify phase start and end): the fourth
+    reading adds the target pass's 1 time unit; drafters add their own cost to `now`."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        self.now += 1.0 if self.readings % 4 == 0 else 0.0
+        return self.now
+
+
+class TimedDrafter(ModelDrafter):
+    """A draft model whose tokens cost `unit` time units each, `loaded` times that while `busy(now)` holds."""
+
+    def __init__(self, model, clock, unit, loaded=1.0, busy=lambda now: False):
+        super().__init__(model)
+        self.clock, self.unit, self.loaded, self.busy = clock, unit, loaded, busy
+
+    def propose(self, sequence, k, sampling, vocab_size, generator):
+        self.clock.now += k * self.unit * (self.loaded if self.busy(self.clock.now) else 1.0)
+        return super().propose(sequence, k, sampling, vocab_size, generator)
+
+
+def test_a_change_of_load_changes_the_draft_within_a_few_rounds():
+    """Two drafts as good as the target (greedy, the target itself): `fast` (0.05 per token) wins on a quiet
+    machine; a burst of load makes it 60 times slower (3 per token, slower than a target pass), and the rule
+    moves to `steady` (0.3 per token) within a few rounds, then back to `fast` after the burst (by its probes)."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    clock = LoadClock()
+    start, end = 100.0, 220.0
+    busy = lambda now: start <= now < end  # noqa: E731
+    switch = DraftSwitch({"fast": TimedDrafter(target, clock, 0.05, 60.0, busy), "steady": TimedDrafter(target, clock, 0.3)})
+    rule = OnlineDraftChoice(switch, k_max=4, clock=clock, probe_every=8, probe_most=16)
+    rounds = []  # (time at the round's start, draft)
+    choose = rule.choose
+
+    def logged(limit):
+        choice = choose(limit)
+        rounds.append((clock.now, choice.draft))
+        return choice
+
+    rule.choose = logged
+    prompt = torch.tensor([[0, 5, 3, 7, 5, 3]])
+    expected = hf_greedy(target, prompt, 240)
+    for _ in range(6):  # one rule across the prompts of a run, as experiments.run keeps it
+        out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=240)
+        assert torch.equal(out.tokens, expected)
+    assert clock.now > end + 60
+    quiet = [d for t, d in rounds if 20 <= t < start]
+    loaded = [d for t, d in rounds if start <= t < end]
+    after = [d for t, d in rounds if t >= end]
+    assert quiet.count("fast") >= 0.8 * len(quiet)
+    first_steady = next(i for i, d in enumerate(loaded) if d == "steady")
+    assert first_steady <= 5, loaded[:10]  # the load moved the choice within a few rounds
+    assert loaded[first_steady:].count("steady") >= 0.8 * len(loaded[first_steady:])
+    back = next(i for i, d in enumerate(after) if d == "fast")
+    assert back <= 16 + 3, after[:20]  # the next probe of `fast` finds it quick again
+    assert after[back:].count("fast") >= 0.8 * len(after[back:])
+
+
+def test_no_draft_pays_gives_plain_steps_with_bounded_probes():
+    """Drafts slower than a target pass (4 and 6 units per token): the rule takes plain steps, probing each
+    draft at most once per probe gap (doubling to probe_most)."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    clock = LoadClock()
+    switch = DraftSwitch({"slow": TimedDrafter(perturbed_copy(target, 2.0), clock, 4.0),
+                          "slower": TimedDrafter(perturbed_copy(target, 2.0), clock, 6.0)})
+    rule = OnlineDraftChoice(switch, k_max=4, clock=clock, probe_every=4, probe_most=32)
+    out = speculative_generate(target, switch, PROMPT, k=rule, sampling=GREEDY, max_new_tokens=240)
+    drafts = out.stats.chosen_draft[10:]  # after the warm-up
+    assert drafts.count("") >= 0.85 * len(drafts)
+    for name in ("slow", "slower"):
+        assert 0 < drafts.count(name) <= len(drafts) / 32 + 4  # probes: gaps 4, 8, 16, then every 32 rounds
+
+
+def test_switch_and_rule_refuse_bad_input(small_vocab_pair):
+    target, draft = small_vocab_pair
+    switch = DraftSwitch(candidates(target, draft), default="copy")
+    assert switch.selected == "copy"
+    switch.select("ngram")
+    switch.start(PROMPT)
+    assert switch.selected == "copy"  # a new sequence starts with the default
+    with pytest.raises(KeyError, match="no candidate 'nf4'"):
+        switch.select("nf4")
+    with pytest.raises(ValueError, match="at least one candidate"):
+        DraftSwitch({})
+    with pytest.raises(ValueError, match="probe_every <= probe_most"):
+        OnlineDraftChoice(switch, probe_every=8, probe_most=4)
+    other = OnlineDraftChoice(DraftSwitch(candidates(target, draft)))
+    with pytest.raises(ValueError, match="another DraftSwitch"):
+        speculative_generate(target, switch, PROMPT, k=other, max_new_tokens=4)
+    out = speculative_generate(target, switch, PROMPT, k="auto", max_new_tokens=8)  # k="auto": an online choice
+    assert len(out.stats.chosen_draft) == len(out.stats.chosen_k)
