@@ -115,6 +115,26 @@ def chosen_k_histogram(counts: list[int], metrics: dict[str, float], path: Path)
     return save(fig, path)
 
 
+def decisions(spec: pd.DataFrame, path: Path) -> Path:
+    """k=auto over candidates: each round's draft length and draft, in the order the run made them (prompts
+    one after another, a line between prompts), so that a change of choice under load shows."""
+    records = [
+        {"round": i, "k": k, "draft": draft or "none (plain step)"}
+        for i, (k, draft) in enumerate(
+            (k, d) for ks, ds in zip(spec["chosen_k"], spec["chosen_draft"]) for k, d in zip(ks, ds)
+        )
+    ]  # fmt: skip
+    frame = pd.DataFrame(records)
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    sns.scatterplot(data=frame, x="round", y="k", hue="draft", style="draft", ax=ax, s=18)
+    for end in pd.Series([len(ks) for ks in spec["chosen_k"]]).cumsum()[:-1]:
+        ax.axvline(end - 0.5, color="0.4", lw=0.8, ls=":", zorder=0)
+    ax.legend(title="draft", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set(xlabel="round (prompts in run order; dotted: next prompt)", ylabel="draft length k (0: no draft)")
+    ax.set_title("Decisions over the run: which draft, and how long")
+    return save(fig, path)
+
+
 def run_figures(
     rows: pd.DataFrame,
     metrics: dict[str, float],
@@ -139,6 +159,9 @@ def run_figures(
         )
     if k is None and "chosen_k" in histograms:
         paths.append(chosen_k_histogram(histograms["chosen_k"], metrics, folder / "chosen_k.png"))
+    chosen = rows[rows["method"] == "speculative"]
+    if "chosen_draft" in chosen and chosen["chosen_draft"].map(len).sum():
+        paths.append(decisions(chosen, folder / "decisions.png"))
     if "c" in metrics:
         paths.append(speedup_vs_theory(metrics, k, folder / "speedup_vs_theory.png"))
     return paths

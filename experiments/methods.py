@@ -3,6 +3,7 @@ drafter (the pair's chain drafter, or the tree of cfg.tree); and each method's g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -12,9 +13,11 @@ from omegaconf import DictConfig
 from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
 from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
+from specdec.online import DraftSwitch, OnlineDraftChoice
 
 from .hf import hf_generate
 from .pair import Pair, Pairs, tree_drafter
+from .schema import AUTO
 from .settings import Plan, plan_of
 
 
@@ -27,6 +30,7 @@ class Setup:
     drafter: Drafter
     hf: DictConfig
     acceptance: AcceptanceRule  # how the speculative method's chains are verified (conf/verify/)
+    rule: OnlineDraftChoice | None = None  # k=auto over a calibrated pair's candidates: kept across prompts
 
     def generate(
         self, method: str, ids: torch.Tensor, max_new_tokens: int, seed: int | None = None, stop_at_eos: bool = True
@@ -45,7 +49,8 @@ class Setup:
             return tree_generate(pair.target, self.drafter, ids, k=plan.tree_k, k_max=plan.k_max,
                                  max_nodes=plan.max_nodes, phase_times=True, **common)  # fmt: skip
         if method == "speculative":
-            return speculative_generate(pair.target, self.drafter, ids, k=plan.k, k_max=plan.k_max, phase_times=True,
+            return speculative_generate(pair.target, self.drafter, ids, k=self.rule or plan.k, k_max=plan.k_max,
+                                        phase_times=True,
                                         acceptance=self.acceptance, **common)  # fmt: skip
         if method == "hf":
             return hf_generate(pair, ids, self.hf, plan.sampling, max_new_tokens, seed, eos)
@@ -62,4 +67,18 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)
     drafter = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter
-    return Setup(plan, pair, drafter, cfg.hf, instantiate(cfg.verify))
+    return Setup(plan, pair, drafter, cfg.hf, instantiate(cfg.verify), online_rule(plan, pair))
+
+
+def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | None:
+    """k=auto with a calibrated pair's candidates (a chain): one rule for the whole run, which chooses the draft
+    and k every round, starting from the calibration's measurements (its alphas as priors, its timings as the
+    first samples, replaced as rounds are timed); None otherwise (k=auto then prices the one drafter)."""
+    switch = pair.drafter
+    if plan.trees or plan.k != AUTO or not isinstance(switch, DraftSwitch) or pair.calibration is None:
+        return None
+    results = [r for r in pair.calibration.results if r.name in switch.candidates]
+    rule = OnlineDraftChoice(switch, plan.k_max, prior={r.name: r.alpha for r in results if not math.isnan(r.alpha)})
+    step = pair.calibration.step_ms / 1000
+    rule.seed({1: step, **{r.k + 1: r.pass_cost * step for r in results}}, {r.name: r.draft_ms / 1000 for r in results})
+    return rule

@@ -3,7 +3,8 @@ model the naive method generates with (and model trees branch with).
 
 Drafters are built from their `_target_` nodes with hydra.utils.instantiate (conf/draft/, conf/tree/); a
 drafter's `model:` node loads its draft model. A pair whose model.draft lists `candidates` is calibrated:
-every candidate is built, timed and probed, and the fastest predicted one is kept (specdec.calibration).
+every candidate is built, timed and probed (specdec.calibration); the fastest predicted one drafts a fixed k,
+and it and the next best stay loaded for k=auto, which chooses among them every round (specdec.online).
 `Pairs` keeps the last pair loaded, so that the jobs of a sweep that differ only in k or temperature share it.
 """
 
@@ -26,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.calibration import Calibration, calibrate
 from specdec.drafters import Drafter
+from specdec.online import DraftSwitch
 from specdec.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
 from specdec.timing import ThreadChoice, choose_threads
 
@@ -39,6 +41,8 @@ logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
 # A calibrated pair measures its candidates on this prompt (short: the calibration takes seconds)
 CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
+# A calibrated pair keeps its best candidates (by predicted speedup; the chosen first) for k=auto's online choice
+KEEP_CANDIDATES = 3
 LOADER = "specdec.models.load_model"  # the draft model loader the quantization group applies to
 
 
@@ -168,7 +172,9 @@ def check_same_tokenizer(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) ->
 def calibrated(
     cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[Drafter, PreTrainedModel | None, Calibration]:
-    """Build every candidate, calibrate, keep the chosen drafter and a draft model for the naive method."""
+    """Build every candidate, calibrate, and keep the best KEEP_CANDIDATES of them behind a DraftSwitch (the
+    chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
+    specdec.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
     drafters = {name: instantiate(node) for name, node in candidates_of(cfg).items()}
     result = calibrate(
         target, drafters, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat),
@@ -178,9 +184,11 @@ def calibrated(
     chosen = drafters[result.chosen]
     models = [getattr(drafters[r.name], "model", None) for r in result.results]  # best first
     draft_model = getattr(chosen, "model", None) or next((m for m in models if m is not None), None)
+    kept = [result.chosen] + [r.name for r in result.results if r.name != result.chosen][: KEEP_CANDIDATES - 1]
+    switch = DraftSwitch({name: drafters[name] for name in kept}, default=result.chosen)
     drafters.clear()  # the other candidates go
     gc.collect()
-    return chosen, draft_model, result
+    return switch if len(kept) > 1 else chosen, draft_model, result
 
 
 def load_target(cfg: DictConfig, plan: Plan) -> Target:

@@ -44,7 +44,8 @@ from .summary import mean, method_table, naive_sentence, run_metrics, write_summ
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
-    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "tree_nodes", "tree_depths",
+    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "chosen_draft", "tree_nodes",
+    "tree_depths",
 )  # fmt: skip
 
 
@@ -52,6 +53,7 @@ def round_means(stats: Stats) -> dict[str, float | None]:
     """Per prompt: mean chosen k (chains), nodes per pass (trees), accepted depth; None where not drafted."""
     return {
         "chosen_k_mean": mean(stats.chosen_k) if stats.chosen_k else None,
+        "plain_step_share": mean([k == 0 for k in stats.chosen_k]) if stats.chosen_k else None,  # no draft
         "tree_nodes_mean": mean(stats.tree_nodes) if stats.tree_nodes else None,
         "accepted_depth_mean": mean(stats.accepted_per_round) if stats.accepted_per_round else None,
     }

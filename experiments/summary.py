@@ -138,7 +138,11 @@ def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], d
     chosen = flatten(spec["chosen_k"])
     if chosen:  # the draft length (a tree: its depth) of every round, 0: a plain target step
         metrics["chosen_k_mean"] = mean(chosen)
+        metrics["plain_step_share"] = mean([k == 0 for k in chosen])  # rounds that drafted nothing
         histograms["chosen_k"] = counts(chosen, longest)
+    drafts = flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []
+    for name in sorted({d for d in drafts if d}):  # k=auto over candidates: rounds each one drafted
+        metrics[f"draft_share/{name}"] = drafts.count(name) / len(drafts)
     nodes = flatten(spec["tree_nodes"])
     if nodes:  # trees: nodes verified and depth proposed per pass
         metrics["tree_nodes_mean"] = mean(nodes)
@@ -176,6 +180,17 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
     lines = [passes, depth]
     if "chosen_k" in histograms:
         lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
+        lines.append(
+            f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the last "
+            "round of a budget, where no draft token fits, included)."
+        )
+    shares = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("draft_share/")}
+    if shares:
+        listed_shares = ", ".join(f"{name} {100 * v:.0f}%" for name, v in sorted(shares.items(), key=lambda x: -x[1]))
+        lines.append(
+            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.online): {listed_shares} of "
+            "the rounds (figures/decisions.png: the choices over the run)."
+        )
     if "tree_nodes_mean" in metrics:
         lines.append(
             f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, "
