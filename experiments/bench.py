@@ -15,6 +15,12 @@ equality check is skipped (bench.json says so).
     python -m experiments.bench bench.only=[ar,spec_ngram] +bench.contenders.mine='["model=smollm2_ngram","k=6"]'
     python -m experiments.bench bench=scaling             # time per token vs max_new_tokens and prompt length
     python -m experiments.bench bench=gpu                 # random-weight Llama-3 shapes on a CUDA device
+
+The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
+(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
+start until bench.load.seconds after its generation started; the ratio of their tokens per second is
+default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
+load too.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +136,7 @@ def run_bench(
     reference: str = "ar",
     pairs: dict[str, list[str]] | None = None,
     log: Callable[[str], None] = lambda s: None,
+    load: dict | None = None,
 ) -> dict:
     """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json."""
     names = list(contenders)
@@ -154,6 +163,8 @@ def run_bench(
         },
         "contenders": {name: {**c.figures(), **contender_figures(runs[name], prompts)} for name, c in contenders.items()},
     }
+    if load is not None:
+        result["load"] = load
     if s.greedy:
         outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
         result["greedy_check"] = check_identical(outputs, reference=reference if reference in names else names[0])
@@ -168,12 +179,83 @@ def run_bench(
     result["costs"] = cost_figures(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
     result["ratios"], result["best_configuration"] = ratios(result)
     result["pairwise"] = pairwise(result["contenders"], pairs or {})
-    result["goals"] = goal_entries(result["ratios"])
+    flags = machine(plan.device)["cpu"]["flags"]
+    present = [f for f, on in flags.items() if on] if isinstance(flags, dict) else []
+    result["goals"] = goal_entries(result["ratios"], present, s.greedy)
     annotate_goals(result["goals"], result["best"], k, result["contenders"])
     calibration = default.pair.calibration
     if calibration is not None:  # the default pair's calibration: what it measured and chose
         result["calibration"] = {"chosen": calibration.chosen, "reason": calibration.reason, "candidates": calibration.rows()}
     return result
+
+
+GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
+
+
+def busy_loops(processes: int) -> list[subprocess.Popen]:
+    """Competing CPU work: `processes` Python busy loops (what a user's other program does to the machine)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+
+
+def stop(loops: list[subprocess.Popen]) -> None:
+    for p in loops:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
+    """The contender `name` in a fresh process, under `processes` busy loops from its start until `seconds`
+    after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
+    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
+           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
+    loops = busy_loops(processes)
+    started = time.perf_counter()
+    timer, lines, stopped = None, [], {}
+
+    def end_load() -> None:
+        stop(loops)
+        stopped["at"] = time.perf_counter() - started
+
+    try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith(GENERATING):
+                timer = threading.Timer(seconds, end_load)
+                timer.start()
+        if child.wait() != 0:
+            raise RuntimeError(f"the load run of {name} failed (exit {child.returncode}): {' '.join(cmd)}")
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if any(p.poll() is None for p in loops):
+            end_load()
+    result = json.loads(lines[-1])
+    result["load_stopped_s"] = stopped.get("at")  # seconds after the process started
+    return result
+
+
+def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
+                started: float) -> dict:  # fmt: skip
+    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
+    contender.run(ids[prompts[0].id], min(8, n), seed)
+    print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
+    rows, generating = [], time.perf_counter()
+    for prompt in prompts:
+        setup = contender.setup
+        out = setup.generate(contender.method, ids[prompt.id], n, seed)
+        stats = out.stats
+        rows.append({
+            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
+            "started_s": time.perf_counter() - generating - stats.seconds["total"],
+            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
+            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
+            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+        })  # fmt: skip
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
 
 
 def memory_of(name: str, base: list[str], out: Path) -> dict:
@@ -205,13 +287,18 @@ def bench(cfg: DictConfig) -> dict:
     base, command = command_line()
     out = Path(HydraConfig.get().runtime.output_dir)
     b = cfg.bench
-    only = [b.memory_of] if b.memory_of else list(b.scaling.contenders) if b.scaling else b.only and [DEFAULT, *b.only]
+    started = time.perf_counter()
+    one = b.memory_of or b.load_of
+    only = [one] if one else list(b.scaling.contenders) if b.scaling else b.only and [DEFAULT, *b.only]
     contenders = contenders_of(cfg, base, Pairs(), only)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
     ids = {p.id: encode_prompt(first.pair.tokenizer, p.text, chat=first.plan.chat) for p in prompts}
     if b.memory_of:
         print(json.dumps(run_memory_of(contenders[b.memory_of], ids[prompts[0].id], cfg.max_new_tokens, cfg.seed)))
+        return {}
+    if b.load_of:
+        print(json.dumps(run_load_of(contenders[b.load_of], prompts, ids, cfg.max_new_tokens, cfg.seed, started)))
         return {}
     print(f"writing to {out}", flush=True)
     if b.scaling:
@@ -222,9 +309,15 @@ def bench(cfg: DictConfig) -> dict:
         write_result(out, "scaling", result, scaling_table(result))
         return result
     default = contenders[DEFAULT].setup
+    load = None
+    if b.load:  # before the comparison, which then runs on a quiet machine again
+        print(f"load scenario: {b.load.processes} busy loop(s) until {b.load.seconds} s into generation", flush=True)
+        load = {"seconds": b.load.seconds, "processes": b.load.processes,
+                "runs": {name: load_run_of(name, base, out, b.load.seconds, b.load.processes) for name in b.load.contenders}}
     result = run_bench(
         contenders, prompts, ids, max_new_tokens=cfg.max_new_tokens, repetitions=b.repetitions, seed=cfg.seed,
         pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, log=lambda s: print(s, flush=True),
+        load=load,
     )  # fmt: skip
     result["settings"].update(model=cfg.model.name, dataset=cfg.dataset.name)
     if b.memory:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
-from .goals import GOALS, ISSUE_9
+from .goals import ISSUE_9
 from .records import cell, machine_sentence, markdown_table
+
+
+def load_plain_share(run: dict) -> float | None:
+    """Share of a load run's rounds that drafted nothing (None for target-only)."""
+    rounds = [p["rounds"] for p in run["prompts"]]
+    shares = [p["plain_step_share"] for p in run["prompts"]]
+    if not any(rounds) or any(s is None for s in shares):
+        return None
+    return sum(s * n for s, n in zip(shares, rounds)) / sum(rounds)
 
 
 def bench_table(result: dict) -> str:
@@ -157,15 +164,29 @@ def bench_table(result: dict) -> str:
                 fmt="{:.2f}",
             ),
         ]
-    ratio_rows = [
-        [
-            key,
-            value,
-            f">= {GOALS[key]}" if key in GOALS else "",
-            "" if key not in GOALS or value is None or math.isnan(value) else ("yes" if value >= GOALS[key] else "no"),
-        ]
-        for key, value in result["ratios"].items()
-    ]
+    goals = result.get("goals", {})
+
+    def target(key: str) -> str:
+        goal = goals.get(key)
+        if goal is None:
+            return ""
+        relation = "= " if goal.get("target_for") == "greedy" else ">= "
+        return relation + f"{goal['target']}" + (f" ({goal['target_for']})" if goal.get("target_for") else "")
+
+    def met(key: str) -> str:
+        flag = goals.get(key, {}).get("met")
+        return "" if flag is None else "yes" if flag else "no"
+
+    ratio_rows = [[key, value, target(key), met(key)] for key, value in result["ratios"].items()]
+    if result.get("load"):
+        load = result["load"]
+        lines += ["", (f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
+                       f"auto and calibration included) until {load['seconds']} s into its generation; one fresh "
+                       "process per contender, every prompt once:"), "",
+                  markdown_table(["contender", "tokens", "seconds", "tokens/s", "generation started (s)",
+                                  "load stopped (s)", "plain steps"],
+                                 [[name, r["tokens"], r["seconds"], r["tokens_per_second"], r["generation_started_s"],
+                                   r["load_stopped_s"], load_plain_share(r)] for name, r in load["runs"].items()])]  # fmt: skip
     if result.get("pairwise"):
         lines += ["", "Pairwise (median tokens/s, ours over theirs):", "",
                   markdown_table(["ratio", "value"], [[k, v] for k, v in result["pairwise"].items()])]  # fmt: skip

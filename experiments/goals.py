@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import math
 
-GOALS: dict[str, float] = {
-    # best offline configuration of ours vs our target-only loop, geometric mean over prompt categories
-    "best_vs_target_only_geomean": 1.30,
+GOALS: dict[str, float | dict[str, float]] = {
+    # best offline configuration of ours vs our target-only loop, geometric mean over prompt categories; by CPU:
+    # higher where bitsandbytes' fused 4-bit kernel and native bf16 matmuls make the drafts cheap (AVX512-BF16)
+    "best_vs_target_only_geomean": {"avx512_bf16": 1.45, "other": 1.30},
     # the same configuration in its worst category: speculation must not lose where the text does not allow it
-    "best_vs_target_only_min_category": 0.97,
+    "best_vs_target_only_min_category": 1.00,
+    # the default configuration with a competing process during its first part (calibration included), over
+    # target-only under the same schedule of load (bench.load)
+    "default_under_load_vs_target_only": 0.97,
+    # block over token-level verification, the same draft and k: tokens per target pass. At temperature 1 the
+    # gain the paper proves; greedy, the two rules accept the same tokens, so exactly 1
+    "block_vs_token_tokens_per_pass": {"sampled": 1.03, "greedy": 1.00},
     # our best n-gram configuration (chain, k="auto" or tree) vs Hugging Face prompt lookup at its defaults
     "vs_hf_prompt_lookup": 1.15,
     # our best configuration that runs the draft model (chain, k="auto", tree or hybrid tree) vs Hugging Face
@@ -36,17 +43,32 @@ ISSUE_9 = (
 )
 
 
-def goal_entries(ratios: dict[str, float]) -> dict[str, dict[str, object]]:
-    """{key: {"value", "target", "met"}} for each goal whose ratio was measured (NaN: value and met None)."""
+def target_of(key: str, flags: list[str], greedy: bool) -> tuple[float, str | None]:
+    """A goal's threshold on this machine and at this temperature, and which variant applied (None: one value)."""
+    goal = GOALS[key]
+    if not isinstance(goal, dict):
+        return goal, None
+    if "greedy" in goal:
+        variant = "greedy" if greedy else "sampled"
+    else:
+        variant = "avx512_bf16" if "avx512_bf16" in flags else "other"
+    return goal[variant], variant
+
+
+def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool = True) -> dict[str, dict[str, object]]:
+    """{key: {"value", "target", "met"}} for each goal whose ratio was measured (NaN: value and met None); flags:
+    the machine's CPU flags, greedy: temperature 0 (goals whose threshold depends on them). An exact goal (the
+    greedy block ratio, 1.00) is met within 1e-9."""
     entries: dict[str, dict[str, object]] = {}
-    for key, target in GOALS.items():
+    for key in GOALS:
         if key not in ratios:
             continue
         value = ratios[key]
+        target, variant = target_of(key, list(flags), greedy)
         measured = value is not None and not math.isnan(value)
-        entries[key] = {
-            "value": value if measured else None,
-            "target": target,
-            "met": (value >= target) if measured else None,
-        }
+        exact = variant == "greedy"
+        met = (abs(value - target) < 1e-9 if exact else value >= target) if measured else None
+        entries[key] = {"value": value if measured else None, "target": target, "met": met}
+        if variant is not None:
+            entries[key]["target_for"] = variant
     return entries

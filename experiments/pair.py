@@ -27,8 +27,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.calibration import Calibration, calibrate
 from specdec.drafters import Drafter
-from specdec.online import DraftSwitch
 from specdec.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
+from specdec.online import DraftSwitch
 from specdec.timing import ThreadChoice, choose_threads
 
 from .schema import AUTO

@@ -197,8 +197,21 @@ def check_drafters(cfg: DictConfig) -> None:
         )
 
 
+def check_hf_k(cfg: DictConfig) -> None:
+    """Hugging Face's assisted generation and prompt lookup (hf=assisted, hf=lookup) draft a fixed number of
+    tokens, k by default: refuse k=auto there, saying what to use instead."""
+    for key, what in (("num_assistant_tokens", "assisted generation"), ("prompt_lookup", "prompt lookup")):
+        if OmegaConf.select(cfg, f"hf.{key}") == AUTO:
+            raise ConfigError(
+                f"hf.{key} is k, and k=auto (this pair's default), but Hugging Face's {what} drafts a fixed number "
+                f"of tokens: give an integer k (k=4) or hf.{key}; Hugging Face's own dynamic schedule is "
+                "hf=assisted_default"
+            )
+
+
 def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
+    check_hf_k(cfg)
     check_node(cfg, RunConfig)
     sampling_of(cfg)
     check_drafters(cfg)

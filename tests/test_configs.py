@@ -56,7 +56,8 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_option_composes_and_validates(group: str, option: str, make_cfg) -> None:
-    cfg = make_cfg(f"{group}={option}", *(["model=smollm2_weak"] if group == "tree" else []))
+    extra = {"tree": ["model=smollm2_weak"], "hf": ["k=4"]}.get(group, [])  # hf: Hugging Face drafts a fixed k
+    cfg = make_cfg(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # every interpolation resolves
     cpu(cfg)
     validate(cfg)
@@ -147,6 +148,8 @@ BAD = [
     (["device=tpu"], "choices: cpu, cuda, cuda:N"),
     (["model=smollm2_ngram", "method=naive"], "needs a draft model"),
     (["model=smollm2_ngram", "method=hf", "hf=assisted"], "hf.assistant needs a draft model"),
+    (["method=hf", "hf=assisted"], "assisted generation drafts a fixed number of tokens: give an integer k"),
+    (["method=hf", "hf=lookup"], "prompt lookup drafts a fixed number of tokens.*hf=assisted_default"),
     (["logger.mode=sometimes"], "choices: offline, online"),
     (["dataset.n_prompts=0"], "dataset.n_prompts"),
     (["dataset.source=ftp"], "choices: json, hub"),
@@ -207,7 +210,7 @@ def test_auto_and_tree_pairs(make_cfg) -> None:
     assert (tree.tree._target_, tree.k) == ("specdec.NGramTreeDrafter", 4)
     assert tree.model.draft == base.model.draft
     assert not make_cfg("model=smollm2_ngram_tree", "tree=none").tree
-    assert not make_cfg().tree and make_cfg().k == 4  # the default stays a chain of 4
+    assert not make_cfg().tree and make_cfg().k == "auto"  # the default: a chain, draft and k chosen each round
     for cfg in (auto, tree):
         validate(cfg)
         assert methods_of(cfg) == ["autoregressive", "speculative"]

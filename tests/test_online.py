@@ -92,7 +92,7 @@ def test_a_change_of_load_changes_the_draft_within_a_few_rounds():
     target = tiny_model("llama", seed=0, scale=20.0)
     clock = LoadClock()
     start, end = 100.0, 220.0
-    busy = lambda now: start <= now < end  # noqa: E731
+    busy = lambda now: start <= now < end
     switch = DraftSwitch({"fast": TimedDrafter(target, clock, 0.05, 60.0, busy), "steady": TimedDrafter(target, clock, 0.3)})
     rule = OnlineDraftChoice(switch, k_max=4, clock=clock, probe_every=8, probe_most=16)
     rounds = []  # (time at the round's start, draft)
