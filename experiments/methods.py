@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
 from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
-from specdec.online import DraftSwitch, OnlineDraftChoice
+from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 
 from .hf import hf_generate
 from .pair import Pair, Pairs, tree_drafter
@@ -30,7 +30,8 @@ class Setup:
     drafter: Drafter
     hf: DictConfig
     acceptance: AcceptanceRule  # how the speculative method's chains are verified (conf/verify/)
-    rule: OnlineDraftChoice | None = None  # k=auto over a calibrated pair's candidates: kept across prompts
+    rule: OnlineDraftChoice | OnlineThreadChoice | None = None  # k=auto over a calibrated pair's candidates (and
+    # threads=auto: the thread count too), one rule across the run's prompts
 
     def generate(
         self, method: str, ids: torch.Tensor, max_new_tokens: int, seed: int | None = None, stop_at_eos: bool = True
@@ -48,6 +49,13 @@ class Setup:
         if method == "speculative" and plan.trees:
             return tree_generate(pair.target, self.drafter, ids, k=plan.tree_k, k_max=plan.k_max,
                                  max_nodes=plan.max_nodes, phase_times=True, **common)  # fmt: skip
+        if method == "speculative" and isinstance(self.rule, OnlineThreadChoice):
+            threads = torch.get_num_threads()
+            try:  # the rule sets the count each round; the other methods keep the run's
+                return speculative_generate(pair.target, self.drafter, ids, k=self.rule, k_max=plan.k_max,
+                                            phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+            finally:
+                torch.set_num_threads(threads)
         if method == "speculative":
             return speculative_generate(pair.target, self.drafter, ids, k=self.rule or plan.k, k_max=plan.k_max,
                                         phase_times=True,
@@ -70,15 +78,23 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
     return Setup(plan, pair, drafter, cfg.hf, instantiate(cfg.verify), online_rule(plan, pair))
 
 
-def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | None:
+def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoice | None:
     """k=auto with a calibrated pair's candidates (a chain): one rule for the whole run, which chooses the draft
     and k every round, starting from the calibration's measurements (its alphas as priors, its timings as the
-    first samples, replaced as rounds are timed); None otherwise (k=auto then prices the one drafter)."""
+    first samples, replaced as rounds are timed); with threads=auto on the CPU, one such rule per thread count
+    probed at the start and the count chosen every round too (the start's count seeded with the calibration);
+    None otherwise (k=auto then prices the one drafter)."""
     switch = pair.drafter
     if plan.trees or plan.k != AUTO or not isinstance(switch, DraftSwitch) or pair.calibration is None:
         return None
     results = [r for r in pair.calibration.results if r.name in switch.candidates]
-    rule = OnlineDraftChoice(switch, plan.k_max, prior={r.name: r.alpha for r in results if not math.isnan(r.alpha)})
+    priors = {r.name: r.alpha for r in results if not math.isnan(r.alpha)}
+    rule = OnlineDraftChoice(switch, plan.k_max, prior=priors)
     step = pair.calibration.step_ms / 1000
     rule.seed({1: step, **{r.k + 1: r.pass_cost * step for r in results}}, {r.name: r.draft_ms / 1000 for r in results})
-    return rule
+    counts = sorted(pair.threads.probe_ms) if pair.threads is not None else []
+    if len(counts) < 2:
+        return rule
+    start = pair.threads.threads  # the calibration ran at the count threads=auto chose
+    rules = {start: rule, **{t: OnlineDraftChoice(switch, plan.k_max, prior=priors) for t in counts if t != start}}
+    return OnlineThreadChoice(rules)

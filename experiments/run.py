@@ -44,8 +44,8 @@ from .summary import mean, method_table, naive_sentence, run_metrics, write_summ
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
-    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "chosen_draft", "tree_nodes",
-    "tree_depths",
+    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "chosen_draft", "chosen_threads",
+    "tree_nodes", "tree_depths",
 )  # fmt: skip
 
 

@@ -143,6 +143,9 @@ def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], d
     drafts = flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []
     for name in sorted({d for d in drafts if d}):  # k=auto over candidates: rounds each one drafted
         metrics[f"draft_share/{name}"] = drafts.count(name) / len(drafts)
+    threads = flatten(spec["chosen_threads"]) if "chosen_threads" in spec else []
+    for count in sorted(set(threads)):  # threads=auto with them: rounds run at each torch thread count
+        metrics[f"threads_share/{count}"] = threads.count(count) / len(threads)
     nodes = flatten(spec["tree_nodes"])
     if nodes:  # trees: nodes verified and depth proposed per pass
         metrics["tree_nodes_mean"] = mean(nodes)
@@ -185,6 +188,10 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
             "round of a budget, where no draft token fits, included)."
         )
     shares = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("draft_share/")}
+    by_threads = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("threads_share/")}
+    if by_threads:
+        listed_threads = ", ".join(f"{count} threads {100 * v:.0f}%" for count, v in by_threads.items())
+        lines.append(f"Torch thread count chosen each round (threads=auto): {listed_threads} of the rounds.")
     if shares:
         listed_shares = ", ".join(f"{name} {100 * v:.0f}%" for name, v in sorted(shares.items(), key=lambda x: -x[1]))
         lines.append(

@@ -12,7 +12,15 @@ from test_adaptive import NGRAM_PROMPT, SAMPLINGS, RandomClock, counts_of
 from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
 from test_greedy import hf_greedy
 
-from specdec import GREEDY, DraftSwitch, ModelDrafter, NGramDrafter, OnlineDraftChoice, speculative_generate
+from specdec import (
+    GREEDY,
+    DraftSwitch,
+    ModelDrafter,
+    NGramDrafter,
+    OnlineDraftChoice,
+    OnlineThreadChoice,
+    speculative_generate,
+)
 from specdec.exact import sequence_distribution
 from specdec.tiny import perturbed_copy, tiny_model
 
@@ -155,3 +163,69 @@ def test_switch_and_rule_refuse_bad_input(small_vocab_pair):
         speculative_generate(target, switch, PROMPT, k=other, max_new_tokens=4)
     out = speculative_generate(target, switch, PROMPT, k="auto", max_new_tokens=8)  # k="auto": an online choice
     assert len(out.stats.chosen_draft) == len(out.stats.chosen_k)
+
+
+class ThreadedClock(LoadClock):
+    """LoadClock whose target pass costs pass_cost[threads] units, the thread count being what the rule last set;
+    a burst of load (busy(now)) makes two threads slower than one, as on a 2-core machine with a busy core."""
+
+    def __init__(self, busy):
+        super().__init__()
+        self.threads, self.busy = 2, busy
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = threads
+
+    def __call__(self) -> float:
+        self.readings += 1
+        if self.readings % 4 == 0:
+            quiet, loaded = {1: 1.6, 2: 1.0}, {1: 1.8, 2: 3.0}
+            self.now += (loaded if self.busy(self.now) else quiet)[self.threads]
+        return self.now
+
+
+def test_thread_count_follows_the_load():
+    """Two threads are faster on a quiet machine, one thread under a burst of load: the rule moves to one thread
+    within a few rounds of the burst and back to two after it; output equal to the target's greedy output."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    clock = ThreadedClock(lambda now: 150.0 <= now < 450.0)
+    switch = DraftSwitch({"copy": TimedDrafter(target, clock, 0.2)})
+    rules = {t: OnlineDraftChoice(switch, k_max=4, clock=clock) for t in (2, 1)}
+    rule = OnlineThreadChoice(rules, probe_every=8, probe_most=16, set_threads=clock.set_threads)
+    prompt = torch.tensor([[0, 5, 3, 7, 5, 3]])
+    expected, rounds = hf_greedy(target, prompt, 200), []
+    while clock.now < 650:
+        start = clock.now
+        out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=200)
+        assert torch.equal(out.tokens, expected)
+        assert len(out.stats.chosen_threads) == len(out.stats.chosen_k)
+        rounds.append((start, clock.now, out.stats.chosen_threads))
+    quiet = [t for start, end, threads in rounds if end <= 150 for t in threads][10:]  # after the warm-ups
+    loaded = [t for start, end, threads in rounds if start >= 150 and end <= 450 for t in threads]
+    after = [t for start, end, threads in rounds if start >= 450 for t in threads][5:]  # the next probe of 2
+    assert quiet and loaded and after
+    assert quiet.count(2) >= 0.85 * len(quiet)
+    assert loaded.count(1) >= 0.85 * len(loaded)
+    assert after.count(2) >= 0.85 * len(after)
+    first_loaded = next(threads for start, end, threads in rounds if end > 150)  # the generation the load began in
+    assert 1 in first_loaded[:12]
+
+
+def test_thread_choice_keeps_the_target_distribution(small_vocab_pair):
+    """Thread counts that change from round to round (random clock, frequent probes): still the target's law."""
+    target, draft = small_vocab_pair
+    switch = DraftSwitch(candidates(target, draft))
+    rules = {t: OnlineDraftChoice(switch, k_max=4, clock=RandomClock(t), probe_every=2, probe_most=4) for t in (1, 2)}
+    seen = []
+    rule = OnlineThreadChoice(rules, probe_every=2, probe_most=4, set_threads=seen.append)
+    sampling = SAMPLINGS[1].values[0]  # T = 1
+
+    def generate(g):
+        return speculative_generate(target, switch, NGRAM_PROMPT, k=rule, sampling=sampling, max_new_tokens=N_TOKENS,
+                                    generator=g).tokens  # fmt: skip
+
+    counts = counts_of(generate, seed=4)
+    assert chi_square_pvalue(counts, sequence_distribution(target, NGRAM_PROMPT, N_TOKENS, sampling)) > 1e-3
+    assert {1, 2} <= set(seen)
+    with pytest.raises(ValueError, match="one DraftSwitch"):
+        OnlineThreadChoice({1: rules[1], 2: OnlineDraftChoice(DraftSwitch(candidates(target, draft)))})

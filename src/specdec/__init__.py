@@ -14,7 +14,7 @@ from .metrics import (
     walltime_improvement,
 )
 from .naive import draft_then_score
-from .online import DraftSwitch, OnlineDraftChoice
+from .online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 from .sampling import GREEDY, Sampling, probabilities
 from .speculative import BlockVerification, Draft, TokenLevel
 from .tree import TreeDraft
@@ -38,6 +38,7 @@ __all__ = [
     "NGramDrafter",
     "NGramTreeDrafter",
     "OnlineDraftChoice",
+    "OnlineThreadChoice",
     "Sampling",
     "Stats",
     "TokenLevel",

@@ -78,6 +78,7 @@ class Choice:
     expected_tokens: float | None = None
     seconds: float | None = None
     draft: str | None = None  # the candidate chosen online (specdec.online; "": no draft), None: one drafter
+    threads: int | None = None  # the torch thread count chosen online (specdec.online.OnlineThreadChoice)
 
     @property
     def prediction(self) -> tuple[float, float] | None:

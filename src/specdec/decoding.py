@@ -144,7 +144,8 @@ def observe(stats: Stats, rule: Rule, round: Round, trees: bool) -> None:
     stats.draft_forwards += round.verified.forwards
     stats.record_round(round.verified.size, round.depth, accepted, round.overlaps.numel(), tree=trees)
     chosen = round.depth if round.choice.k is None else round.choice.k
-    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds, round.choice.draft)
+    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds, round.choice.draft,
+                          round.choice.threads)
     rule.observe(round)
 
 

@@ -41,6 +41,7 @@ class Stats:
     chosen_k: list[int] = field(default_factory=list)  # draft length chosen in each round (0: plain step)
     chosen_draft: list[str] = field(default_factory=list)  # the candidate of each drafting round chosen online
     # (specdec.online.OnlineDraftChoice); "" for a plain step; empty for a single drafter
+    chosen_threads: list[int] = field(default_factory=list)  # the torch thread count of each round chosen online
     predicted_tokens: float = 0.0  # sum of E(k) over predicted rounds
     predicted_seconds: float = 0.0  # sum of C(k) over predicted rounds
     measured_tokens: int = 0  # tokens those rounds produced (accepted + 1, before EOS truncation)
@@ -49,12 +50,14 @@ class Stats:
     tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree
 
     def record_schedule(self, k: int, predicted: tuple[float, float] | None, produced: int,
-                        seconds: dict[str, float], draft: str | None = None) -> None:
+                        seconds: dict[str, float], draft: str | None = None, threads: int | None = None) -> None:
         """A round's chosen k, the model's (E(k), C(k)) if any, the tokens it produced, its timed seconds, and
         the candidate that drafted it when one was chosen online (draft)."""
         self.chosen_k.append(k)
         if draft is not None:
             self.chosen_draft.append(draft if k else "")
+        if threads is not None:
+            self.chosen_threads.append(threads)
         for key, value in seconds.items():
             self.seconds[key] = self.seconds.get(key, 0.0) + value
         if predicted is not None:

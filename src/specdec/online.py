@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import torch
 
@@ -181,6 +182,18 @@ class OnlineDraftChoice:
         k = rated[best][0]
         return self.draft(best, k) if k else Choice(0, expected_tokens=1.0, seconds=self.models[best].cost(0), draft="")
 
+    @property
+    def ready(self) -> bool:
+        """Every candidate's draft, a plain step and a wider pass have been timed."""
+        return all(m.ready for m in self.models.values())
+
+    def predicted_rate(self, limit: int) -> float | None:
+        """The most expected tokens per second any (draft, k <= limit) is predicted to give now; None while any
+        candidate is unmeasured."""
+        if not self.ready:
+            return None
+        return max(best_rate(m, min(limit, self.k_max))[1] for m in self.models.values())
+
     def draft(self, name: str, k: int) -> Choice:
         """Select candidate `name` for a round of k draft tokens, with its model's E(k) and C(k) once it can."""
         self.switch.select(name)
@@ -193,6 +206,10 @@ class OnlineDraftChoice:
         """Rounds since the candidate's newest draft timing."""
         return self.round - self.models[name].draft_times.newest()
 
+    def skip(self) -> None:
+        """A round this rule did not decide (another thread count's rule did): its timings age by one round."""
+        self.round += 1
+
     def observe(self, round: Round) -> None:
         """The drafting candidate learns the round (its draft time, acceptance, and the shared pass time); the
         others' acceptance evidence decays by one round."""
@@ -204,4 +221,74 @@ class OnlineDraftChoice:
             else:
                 model.round += 1
                 model.record_acceptance([])
+        self.round += 1
+
+
+class OnlineThreadChoice:
+    """The torch thread count chosen every round as well: one OnlineDraftChoice per count (its own timings, since the
+    count changes what every pass and every draft step costs, and on a busy machine more threads can be slower),
+    and each round the count whose rule predicts the most tokens per second. A count not in use is probed as a
+    draft is (after a gap that doubles while it keeps losing; a count never measured is run until its rule has
+    timed everything, a few rounds). Like every choice here it reads only earlier rounds: exact.
+
+    set_threads: called with the count before each round (default torch.set_num_threads, which is process-wide:
+    the count of the last round stays set; experiments.methods restores the run's count after each generation).
+    """
+
+    trees = False
+    draft_cost = None  # each inner rule prices its candidates as their drafters say
+
+    def __init__(
+        self,
+        rules: Mapping[int, OnlineDraftChoice],
+        *,
+        probe_every: int = 16,
+        probe_most: int = 128,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+    ):
+        if not rules:
+            raise ValueError("OnlineThreadChoice needs a rule for at least one thread count")
+        if len({id(r.switch) for r in rules.values()}) > 1:
+            raise ValueError("the rules of every thread count must select in one DraftSwitch")
+        if not 1 <= probe_every <= probe_most:
+            raise ValueError(f"need 1 <= probe_every <= probe_most, got {probe_every} and {probe_most}")
+        self.rules = dict(rules)
+        first = next(iter(self.rules.values()))
+        self.switch, self.clock = first.switch, first.clock
+        self.probe_every, self.probe_most = probe_every, probe_most
+        self.set_threads = set_threads
+        self.round = 0
+        self.last: dict[int, int | None] = dict.fromkeys(self.rules)  # the round each count last ran
+        self.gap = dict.fromkeys(self.rules, probe_every)
+        self.best: int | None = None
+        self.current: int | None = None  # the count of the round being decided
+
+    def age(self, threads: int) -> int:
+        last = self.last[threads]
+        return self.round + 1 if last is None else self.round - last
+
+    def choose(self, limit: int) -> Choice:
+        rated = {t: r.predicted_rate(limit) for t, r in self.rules.items()}
+        known = {t: rate for t, rate in rated.items() if rate is not None}
+        best = max(known, key=known.get) if known else next(iter(self.rules))
+        if best != self.best:
+            self.gap[best] = self.probe_every
+        self.best = best
+        warming = self.current if self.current is not None and rated[self.current] is None else None
+        stale = [t for t in self.rules if t != best and self.age(t) >= self.gap[t]]
+        if warming is not None:  # a count being measured for the first time: until its rule has timed everything
+            threads = warming
+        elif stale:
+            threads = max(stale, key=self.age)
+            self.gap[threads] = min(2 * self.gap[threads], self.probe_most)
+        else:
+            threads = best
+        self.current = threads
+        self.set_threads(threads)
+        return replace(self.rules[threads].choose(limit), threads=threads)
+
+    def observe(self, round: Round) -> None:
+        for threads, rule in self.rules.items():  # every rule's timings age by the same rounds
+            rule.observe(round) if threads == self.current else rule.skip()
+        self.last[self.current] = self.round
         self.round += 1
