@@ -205,8 +205,8 @@ def stop(loops: list[subprocess.Popen]) -> None:
 
 
 def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
-    """The contender `name` in a fresh process, under `processes` busy loops from its start until `seconds`
-    after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
+    """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
+    `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
     cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
            f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
     loops = busy_loops(processes)
@@ -312,8 +312,10 @@ def bench(cfg: DictConfig) -> dict:
     load = None
     if b.load:  # before the comparison, which then runs on a quiet machine again
         print(f"load scenario: {b.load.processes} busy loop(s) until {b.load.seconds} s into generation", flush=True)
-        load = {"seconds": b.load.seconds, "processes": b.load.processes,
-                "runs": {name: load_run_of(name, base, out, b.load.seconds, b.load.processes) for name in b.load.contenders}}
+        overrides = [*base, *b.load.get("overrides", [])]
+        load = {"seconds": b.load.seconds, "processes": b.load.processes, "overrides": list(b.load.get("overrides", [])),
+                "runs": {name: load_run_of(name, overrides, out, b.load.seconds, b.load.processes)
+                         for name in b.load.contenders}}  # fmt: skip
     result = run_bench(
         contenders, prompts, ids, max_new_tokens=cfg.max_new_tokens, repetitions=b.repetitions, seed=cfg.seed,
         pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, log=lambda s: print(s, flush=True),
