@@ -252,6 +252,7 @@ def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torc
             "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
             "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
             "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
         })  # fmt: skip
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,

@@ -228,8 +228,9 @@ class OnlineThreadChoice:
     """The torch thread count chosen every round as well: one OnlineDraftChoice per count (its own timings, since the
     count changes what every pass and every draft step costs, and on a busy machine more threads can be slower),
     and each round the count whose rule predicts the most tokens per second. A count not in use is probed as a
-    draft is (after a gap that doubles while it keeps losing; a count never measured is run until its rule has
-    timed everything, a few rounds). Like every choice here it reads only earlier rounds: exact.
+    draft is (after a gap that doubles while it keeps losing): while its rule has not timed everything, by a round
+    shaped as the best count's last one (the same draft and k), and it is rated by that pass's time against the
+    best count's; its rule warms up only once that rating makes it the best. Like every choice here it reads only earlier rounds: exact.
 
     set_threads: called with the count before each round (default torch.set_num_threads, which is process-wide:
     the count of the last round stays set; experiments.methods restores the run's count after each generation).
@@ -262,30 +263,56 @@ class OnlineThreadChoice:
         self.gap = dict.fromkeys(self.rules, probe_every)
         self.best: int | None = None
         self.current: int | None = None  # the count of the round being decided
+        self.last_round: tuple[int, str] = (0, "")  # the best count's last (k, draft): what a probe repeats
+        self.probe_width: dict[int, int] = {}  # the pass width each unmeasured count was last probed with
 
     def age(self, threads: int) -> int:
         last = self.last[threads]
         return self.round + 1 if last is None else self.round - last
 
-    def choose(self, limit: int) -> Choice:
+    def pass_seconds(self, threads: int, width: int) -> float:
+        return next(iter(self.rules[threads].models.values())).pass_seconds(width)
+
+    def rates(self, limit: int) -> dict[int, float | None]:
+        """Each count's predicted tokens per second: its rule's, or, for a count whose rule has not timed
+        everything, the best measured count's rate scaled by the two counts' times of the pass the count was last
+        probed with (a thread count changes the draft's steps and the target's alike); None: never timed."""
         rated = {t: r.predicted_rate(limit) for t, r in self.rules.items()}
         known = {t: rate for t, rate in rated.items() if rate is not None}
-        best = max(known, key=known.get) if known else next(iter(self.rules))
+        if known:
+            top = max(known, key=known.get)
+            for t, rate in rated.items():
+                if rate is None and t in self.probe_width:
+                    width = self.probe_width[t]
+                    rated[t] = known[top] * self.pass_seconds(top, width) / self.pass_seconds(t, width)
+        return rated
+
+    def choose(self, limit: int) -> Choice:
+        """The count with the best predicted rate (its rule warms up first if it has not timed everything), or a
+        probe of a count not in use: its rule's choice, or a plain step while that rule is unmeasured."""
+        rated = self.rates(limit)
+        scored = [t for t, rate in rated.items() if rate is not None]
+        best = max(scored, key=rated.get) if scored else next(iter(self.rules))
         if best != self.best:
             self.gap[best] = self.probe_every
         self.best = best
-        warming = self.current if self.current is not None and rated[self.current] is None else None
         stale = [t for t in self.rules if t != best and self.age(t) >= self.gap[t]]
-        if warming is not None:  # a count being measured for the first time: until its rule has timed everything
-            threads = warming
-        elif stale:
-            threads = max(stale, key=self.age)
+        threads = max(stale, key=self.age) if stale else best
+        if stale:
             self.gap[threads] = min(2 * self.gap[threads], self.probe_most)
-        else:
-            threads = best
         self.current = threads
         self.set_threads(threads)
-        return replace(self.rules[threads].choose(limit), threads=threads)
+        if threads != best and not self.rules[threads].ready:  # a probe: the best count's last round, at this count
+            k, draft = self.last_round
+            k = min(k, limit)
+            self.probe_width[threads] = k + 1
+            if k:
+                self.switch.select(draft)
+            return Choice(k, draft=draft if k else "", threads=threads)
+        choice = self.rules[threads].choose(limit)
+        if threads == best:
+            self.last_round = (choice.k or 0, choice.draft or "")
+        return replace(choice, threads=threads)
 
     def observe(self, round: Round) -> None:
         for threads, rule in self.rules.items():  # every rule's timings age by the same rounds
