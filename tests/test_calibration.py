@@ -16,6 +16,7 @@ from specdec.calibration import (
     alpha_from_tokens_per_pass,
     calibrate,
     measure_alpha,
+    measure_timings,
 )
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.metrics import expected_tokens_per_pass, walltime_improvement
@@ -217,6 +218,16 @@ def test_the_summary_carries_the_thread_choice(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["threads"] == {"threads": 2, "probe_ms": {"1": 3.0, "2": 2.0}, "width": 5, "prompt_tokens": 7}
     assert "calibration" not in summary
+
+
+def test_unsteady_timings_are_said(target):
+    """Repeats that differ by more than half their median (a burst of load) make the reason say the choice is weak."""
+    drafters = {"int8": ModelDrafter(target)}
+    steady = calibrate(target, drafters, PROMPT, k=4, timings=timings(int8=30.0), alphas={"int8": 0.8})
+    burst = calibrate(target, drafters, PROMPT, k=4, timings=replace(timings(int8=30.0), spread=0.8), alphas={"int8": 0.8})
+    assert "unsteady" not in steady.reason and "differed by 80% of its median" in burst.reason
+    measured = measure_timings(target, drafters, PROMPT, repeats=3)
+    assert measured.spread >= 0 and measured.unsteady == (measured.spread > 0.5)
 
 
 def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(target, make_cfg):

@@ -47,6 +47,7 @@ from .sampling import GREEDY, Sampling
 from .timing import pass_tokens, stopwatch, timed_step
 
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
+UNSTEADY = 0.5  # Timings.spread above which the calibration says its timings are unsteady
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,13 @@ class Timings:
 
     pass_ms: dict[int, float]  # width -> median ms of one target pass over that many tokens
     draft_ms: dict[str, float]  # name -> one draft-model step, or one lookup call
+    spread: float = 0.0  # the largest (max - min) / median over the repeats of a timing (>= 1 ms): changing load
+
+    @property
+    def unsteady(self) -> bool:
+        """The repeats of some timing differed by more than half its median: the machine's load changed while
+        the calibration ran, so its choice is a weak guess (an online choice re-measures it, specdec.online)."""
+        return self.spread > UNSTEADY
 
     @property
     def step_ms(self) -> float:
@@ -106,7 +114,10 @@ def measure_timings(
             undo()
             samples[key].append(seconds["run"])
     ms = {key: 1000 * statistics.median(values[1:]) for key, values in samples.items()}
-    return Timings({w: ms[w] for w in widths}, {name: ms[name] for name in drafters})
+    # timings of a millisecond or more: a lookup call's fraction of a millisecond is all timer noise
+    spread = max([(max(v[1:]) - min(v[1:])) / statistics.median(v[1:]) for k, v in samples.items() if ms[k] >= 1.0],
+                 default=0.0)  # fmt: skip
+    return Timings({w: ms[w] for w in widths}, {name: ms[name] for name in drafters}, spread)
 
 
 def alpha_from_tokens_per_pass(tokens_per_pass: float, k: int) -> float:
@@ -268,5 +279,10 @@ def calibrate(
             )  # fmt: skip
         results.append(evaluate(name, drafters[name].draft_cost, timings, alpha, k, k_max))
     chosen, reason = choose(results)
+    if timings.unsteady:
+        reason += (
+            f" The timings were unsteady: repeats of one differed by {100 * timings.spread:.0f}% of its median (the "
+            "machine's load changed while they ran), so this choice is a weak guess; k=auto re-measures every round."
+        )
     ranked = tuple(sorted(results, key=lambda r: -r.speedup))
     return Calibration(timings.step_ms, ranked, chosen, reason)
