@@ -102,7 +102,8 @@ def test_memory_and_load_runs_each_in_its_own_process(tmp_path):
     assert load["seconds"] == 1 and load["processes"] == 1 and set(load["runs"]) == {"ar", "default"}
     for run in load["runs"].values():
         assert run["tokens"] == 10 and run["seconds"] > 0 and len(run["prompts"]) == 1
-        assert run["load_stopped_s"] >= run["generation_started_s"] + 1  # the load ran into the generation
+        assert run["load_stopped_s"] >= run["generation_started_s"]  # the load ran into the generation (until it
+        # ended or 1 s had passed: a fast machine may finish 10 tokens sooner)
     ratio = out["ratios"]["default_under_load_vs_target_only"]
     assert ratio == pytest.approx(load["runs"]["default"]["tokens_per_second"] / load["runs"]["ar"]["tokens_per_second"])
     assert out["goals"]["default_under_load_vs_target_only"]["target"] == 0.97
