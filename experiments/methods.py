@@ -49,17 +49,13 @@ class Setup:
         if method == "speculative" and plan.trees:
             return tree_generate(pair.target, self.drafter, ids, k=plan.tree_k, k_max=plan.k_max,
                                  max_nodes=plan.max_nodes, phase_times=True, **common)  # fmt: skip
-        if method == "speculative" and isinstance(self.rule, OnlineThreadChoice):
+        if method == "speculative":
             threads = torch.get_num_threads()
-            try:  # the rule sets the count each round; the other methods keep the run's
-                return speculative_generate(pair.target, self.drafter, ids, k=self.rule, k_max=plan.k_max,
+            try:  # an OnlineThreadChoice sets the count each round; the other methods keep the run's
+                return speculative_generate(pair.target, self.drafter, ids, k=self.rule or plan.k, k_max=plan.k_max,
                                             phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
             finally:
                 torch.set_num_threads(threads)
-        if method == "speculative":
-            return speculative_generate(pair.target, self.drafter, ids, k=self.rule or plan.k, k_max=plan.k_max,
-                                        phase_times=True,
-                                        acceptance=self.acceptance, **common)  # fmt: skip
         if method == "hf":
             return hf_generate(pair, ids, self.hf, plan.sampling, max_new_tokens, seed, eos)
         return draft_then_score(

@@ -126,6 +126,17 @@ def mean(values: list[int]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def shares(prefix: str, values: list) -> dict[str, float]:
+    """{prefix/value: share of the rounds} for each value seen but "" (a round that drafted nothing)."""
+    return {f"{prefix}/{v}": values.count(v) / len(values) for v in sorted(set(values)) if v != ""}
+
+
+def listed_shares(metrics: dict[str, float], prefix: str, unit: str = "") -> str:
+    """The shares of one prefix as a sentence's list, largest first ("dynamic_int8 60%, nf4 8%")."""
+    found = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith(prefix + "/")}
+    return ", ".join(f"{name}{unit} {100 * v:.0f}%" for name, v in sorted(found.items(), key=lambda x: -x[1]))
+
+
 def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], dict[str, list[int]]]:
     """The speculative method's rounds: their number, chosen k, tree size and accepted depth (means and
     histograms, longest = k_max or the tree depth), and the cost model's predicted against measured rate."""
@@ -140,12 +151,9 @@ def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], d
         metrics["chosen_k_mean"] = mean(chosen)
         metrics["plain_step_share"] = mean([k == 0 for k in chosen])  # rounds that drafted nothing
         histograms["chosen_k"] = counts(chosen, longest)
-    drafts = flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []
-    for name in sorted({d for d in drafts if d}):  # k=auto over candidates: rounds each one drafted
-        metrics[f"draft_share/{name}"] = drafts.count(name) / len(drafts)
-    threads = flatten(spec["chosen_threads"]) if "chosen_threads" in spec else []
-    for count in sorted(set(threads)):  # threads=auto with them: rounds run at each torch thread count
-        metrics[f"threads_share/{count}"] = threads.count(count) / len(threads)
+    # k=auto over candidates: the share of rounds each one drafted ("": none), and each torch thread count ran
+    metrics.update(shares("draft_share", flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []))
+    metrics.update(shares("threads_share", flatten(spec["chosen_threads"]) if "chosen_threads" in spec else []))
     nodes = flatten(spec["tree_nodes"])
     if nodes:  # trees: nodes verified and depth proposed per pass
         metrics["tree_nodes_mean"] = mean(nodes)
@@ -187,15 +195,12 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
             f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the last "
             "round of a budget, where no draft token fits, included)."
         )
-    shares = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("draft_share/")}
-    by_threads = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("threads_share/")}
-    if by_threads:
-        listed_threads = ", ".join(f"{count} threads {100 * v:.0f}%" for count, v in by_threads.items())
-        lines.append(f"Torch thread count chosen each round (threads=auto): {listed_threads} of the rounds.")
-    if shares:
-        listed_shares = ", ".join(f"{name} {100 * v:.0f}%" for name, v in sorted(shares.items(), key=lambda x: -x[1]))
+    threads, drafts = listed_shares(metrics, "threads_share", " threads"), listed_shares(metrics, "draft_share")
+    if threads:
+        lines.append(f"Torch thread count chosen each round (threads=auto): {threads} of the rounds.")
+    if drafts:
         lines.append(
-            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.online): {listed_shares} of "
+            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.online): {drafts} of "
             "the rounds (figures/decisions.png: the choices over the run)."
         )
     if "tree_nodes_mean" in metrics:

@@ -40,7 +40,7 @@ import torch
 
 from .cost import Choice, CostModel, Round
 from .drafters import Drafter, Proposal
-from .metrics import expected_tokens
+from .metrics import best_draft_length, expected_tokens
 from .sampling import Sampling
 
 
@@ -95,10 +95,9 @@ class DraftSwitch:
 
 def best_rate(model: CostModel, limit: int, shortest: int = 0) -> tuple[int, float]:
     """The draft length in shortest..limit with the most expected tokens per second, and that rate."""
-    acceptance = model.acceptance()
-    rates = {k: expected_tokens(acceptance[:k]) / model.cost(k) for k in range(shortest, limit + 1)}
-    k = max(rates, key=lambda j: (rates[j], -j))
-    return k, rates[k]
+    acceptance = model.acceptance()[:limit]
+    k = best_draft_length(acceptance, model.cost, shortest)
+    return k, expected_tokens(acceptance[:k]) / model.cost(k)
 
 
 class OnlineDraftChoice:
@@ -111,6 +110,7 @@ class OnlineDraftChoice:
     """
 
     trees = False
+    draft_cost = None  # candidates price their drafts each as their drafter says (nothing to check)
 
     def __init__(
         self,
@@ -143,11 +143,6 @@ class OnlineDraftChoice:
         self.round = 0
         self.gap = {name: probe_every for name in self.models}  # rounds before the next probe of each
         self.best: str | None = None  # the candidate the last non-probe choice preferred
-
-    @property
-    def draft_cost(self) -> None:
-        """Candidates price their drafts each as their drafter says (nothing to check against one drafter)."""
-        return None
 
     def seed(self, pass_seconds: Mapping[int, float], draft_seconds: Mapping[str, float]) -> None:
         """Start from measured timings (e.g. a calibration's), as if taken just before the first round: target
