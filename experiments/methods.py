@@ -10,7 +10,15 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
+from specdec import (
+    Generation,
+    TokenLevel,
+    TreeRules,
+    autoregressive_generate,
+    draft_then_score,
+    speculative_generate,
+    tree_generate,
+)
 from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
 from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
@@ -29,7 +37,7 @@ class Setup:
     pair: Pair
     drafter: Drafter
     hf: DictConfig
-    acceptance: AcceptanceRule  # how the speculative method's chains are verified (conf/verify/)
+    acceptance: AcceptanceRule  # how the speculative method's chains or trees are verified (conf/verify/)
     rule: OnlineDraftChoice | OnlineThreadChoice | None = None  # k=auto over a calibrated pair's candidates (and
     # threads=auto: the thread count too), one rule across the run's prompts
 
@@ -48,7 +56,8 @@ class Setup:
             return autoregressive_generate(pair.target, ids, **common)
         if method == "speculative" and plan.trees:
             return tree_generate(pair.target, self.drafter, ids, k=plan.tree_k, k_max=plan.k_max,
-                                 max_nodes=plan.max_nodes, phase_times=True, **common)  # fmt: skip
+                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
+                                 **common)  # fmt: skip
         if method == "speculative":
             threads = torch.get_num_threads()
             try:  # an OnlineThreadChoice sets the count each round; the other methods keep the run's
@@ -71,7 +80,13 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)
     drafter = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter
-    return Setup(plan, pair, drafter, cfg.hf, instantiate(cfg.verify), online_rule(plan, pair))
+    return Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan), online_rule(plan, pair))
+
+
+def acceptance_of(cfg: DictConfig, plan: Plan) -> AcceptanceRule:
+    """The acceptance rule of cfg.verify; verify=token with a tree is the token-level tree rules."""
+    acceptance = instantiate(cfg.verify)
+    return TreeRules() if plan.trees and isinstance(acceptance, TokenLevel) else acceptance
 
 
 def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoice | None:

@@ -138,7 +138,7 @@ def run_keys(cfg: DictConfig, setup: Setup) -> dict:
         "k": cfg.k,
         "k_max": cfg.k_max,
         "tree": type(setup.drafter).__name__ if trees else "none",
-        "verify": "TreeRules" if trees else type(setup.acceptance).__name__,  # the acceptance rule
+        "verify": type(setup.acceptance).__name__,  # the acceptance rule
         "tree_node_budget": cfg.tree.get("nodes") if trees else None,  # rows hold tree_nodes per round
         "tree_depth": cfg.tree.get("depth") if trees else None,
         "temperature": float(cfg.temperature),

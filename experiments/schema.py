@@ -149,7 +149,7 @@ class RunConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     tree: Any = None  # a tree drafter's _target_ node (conf/tree/); empty: chains
-    verify: Any = None  # the acceptance rule of chains, a _target_ node (conf/verify/)
+    verify: Any = None  # the acceptance rule, a _target_ node (conf/verify/): token, block (chains), traversal (trees)
     hf: HfConfig = field(default_factory=HfConfig)
     bench: Any = None  # experiments.bench only: its contenders and schedule (conf/bench/)
     method: Any = choice(Method)

@@ -184,10 +184,16 @@ def check_drafters(cfg: DictConfig) -> None:
     if cfg.tree:
         check_target(cfg.tree, "tree")
     check_target(cfg.verify, "verify")
-    if cfg.tree and cfg.verify._target_ != "specdec.TokenLevel":
+    rule = cfg.verify._target_.rsplit(".", 1)[-1]
+    if cfg.tree and rule == "BlockVerification":
         raise ConfigError(
-            f"verify={cfg.verify._target_.rsplit('.', 1)[-1]} verifies chains, but tree= verifies a token tree per "
-            "pass with the exact tree rules: use tree=none, or verify=token"
+            "verify=block verifies chains, but tree= verifies a token tree per pass: use verify=traversal (block "
+            "verification carried to trees), verify=token, or tree=none"
+        )
+    if not cfg.tree and rule == "TraversalVerification":
+        raise ConfigError(
+            "verify=traversal verifies token trees, but tree=none verifies a chain: use verify=block (traversal "
+            "verification on a chain is block verification), or a tree (tree=model, tree=ngram)"
         )
     if cfg.tree and needs_draft_model(cfg.tree) and not has_draft_model(cfg):
         raise ConfigError(

@@ -57,6 +57,7 @@ def test_every_group_has_options() -> None:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_option_composes_and_validates(group: str, option: str, make_cfg) -> None:
     extra = {"tree": ["model=smollm2_weak"], "hf": ["k=4"]}.get(group, [])  # hf: Hugging Face drafts a fixed k
+    extra += {("verify", "traversal"): ["tree=ngram"]}.get((group, option), [])  # verifies trees
     cfg = make_cfg(f"{group}={option}", *extra)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # every interpolation resolves
     cpu(cfg)
@@ -156,7 +157,8 @@ BAD = [
     (["tree=model", "model=smollm2_ngram"], "tree=ModelTreeDrafter drafts with a draft model.*use tree=ngram"),
     (["tree=hybrid", "model=smollm2_ngram"], "tree=HybridTreeDrafter drafts with a draft model"),
     (["tree=ngram", "tree.depth=null"], "depth must be an integer >= 1, got None"),
-    (["tree=ngram", "verify=block"], "verify=BlockVerification verifies chains.*use tree=none, or verify=token"),
+    (["tree=ngram", "verify=block"], "verify=block verifies chains.*use verify=traversal"),
+    (["verify=traversal"], "verify=traversal verifies token trees.*use verify=block"),
     (["tree=model", "model=smollm2_weak", "tree.children=null"], "children must be one of"),
     (["tree=ngram", "tree.matches=0"], "matches must be an integer >= 1"),
     (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "need 1 <= min_ngram <= max_ngram"),

@@ -125,13 +125,14 @@ def test_iid_rule_with_original_q_is_biased_on_distinct_and_top_b_children():
 # accept_tree itself: chi-square against p, with power shown by the wrong rule.
 
 
-def first_tokens(p_of, q_of, shape, n_rounds, n_tokens, rule=siblings, seed=0):
-    """Histogram counts (V^n,) of the first n tokens of n_rounds rounds; missing tokens drawn from p."""
+def first_tokens(p_of, q_of, shape, n_rounds, n_tokens, rule=siblings, seed=0, round_=tree_round):
+    """Histogram counts (V^n,) of the first n tokens of n_rounds rounds of round_ (tree_round with the sibling
+    rule `rule`, or exact.traversal_round with `rule` as its update); missing tokens drawn from p."""
     g = gen(seed)
     vocab = p_of(()).numel()
     counts = torch.zeros(vocab**n_tokens)
     for _ in range(n_rounds):
-        out = tree_round(p_of, q_of, shape, g, rule=rule).tolist()
+        out = round_(p_of, q_of, shape, g, rule).tolist()
         while len(out) < n_tokens:  # the next round, drawn from the target
             out.append(int(torch.multinomial(p_of(tuple(out)), 1, generator=g)))
         index = 0

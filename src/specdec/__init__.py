@@ -17,6 +17,7 @@ from .naive import draft_then_score
 from .online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 from .sampling import GREEDY, Sampling, probabilities
 from .speculative import BlockVerification, Draft, TokenLevel
+from .traversal import TraversalVerification
 from .tree import TreeDraft
 from .tree_accept import TreeRules
 from .tree_cost import TreeCostModel
@@ -42,6 +43,7 @@ __all__ = [
     "Sampling",
     "Stats",
     "TokenLevel",
+    "TraversalVerification",
     "TreeCostModel",
     "TreeDraft",
     "TreeRules",

@@ -13,7 +13,8 @@ Notation of Leviathan et al.: p target distribution, q draft distribution, k = g
 
 The split follows vLLM's speculative decoding (proposer, scorer, rejection sampler): a new capability
 is a class at one seam (a drafter, a rule, an acceptance rule), never a second loop. The acceptance
-rules (specdec.speculative.TokenLevel for chains, specdec.tree_accept.TreeRules for trees) emit the
+rules (specdec.speculative.TokenLevel and BlockVerification for chains, specdec.tree_accept.TreeRules and
+specdec.traversal.TraversalVerification for trees) emit the
 target's distribution for any proposal fixed before p is seen, so the whole output is exact.
 
 The loop state is one `Sequence` (the tokens so far, what is left of the budget, whether it ended);
@@ -262,10 +263,12 @@ def tree_generate(
     k: int | str | Rule | None = None,
     k_max: int = 8,
     max_nodes: int = 64,
+    acceptance: AcceptanceRule | None = None,
     **options,
 ) -> Generation:
-    """Speculative sampling over token trees: decode with the exact tree rules, one draft tree per target
-    pass (at most max_nodes nodes); an empty tree is a plain target step.
+    """Speculative sampling over token trees: decode with the exact tree rules (or another rule for trees,
+    acceptance=specdec.TraversalVerification()), one draft tree per target pass (at most max_nodes nodes); an
+    empty tree is a plain target step.
 
     k: None (default): the drafter's own tree, as deep as the budget allows; an int: trees of depth at most
     k; "auto": each round a depth 0..k_max and a node budget <= max_nodes chosen by a fresh TreeCostModel
@@ -277,4 +280,8 @@ def tree_generate(
         raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
     rule = draft_rule(k, k_max, drafter, trees=True, max_nodes=max_nodes)
     check_tree_backend(target)
-    return decode(target, drafter, input_ids, rule=rule, acceptance=TreeRules(), max_nodes=max_nodes, **options)
+    acceptance = acceptance or TreeRules()
+    if not acceptance.trees:
+        raise ValueError(f"{type(acceptance).__name__} verifies chains; tree_generate verifies token trees: use "
+                         "TreeRules (token level) or TraversalVerification (block verification carried to trees)")
+    return decode(target, drafter, input_ids, rule=rule, acceptance=acceptance, max_nodes=max_nodes, **options)

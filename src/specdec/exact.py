@@ -248,3 +248,160 @@ def wrong_iid_rule_with_original_q(
         accept.append(a)
         targets.append(p)
     return torch.stack(accept), torch.stack(targets)
+
+
+def traversal_round_distribution(
+    p_of: Conditional, q_of: Conditional, shape: list[Branching], n_tokens: int, update: object = None
+) -> torch.Tensor:
+    """Exact probability (V^n,) of the first n tokens emitted from a tree of the given shape verified with
+    traversal verification (specdec.traversal) and its `update` (default: after_failure), enumerating the
+    drafted children and every accept/reject the way the visit makes them.
+
+    Tokens after the round come from the target, as tree_round_distribution's. Equals
+    target_sequence_distribution iff the update is exact.
+    """
+    from .traversal import after_failure, child_weight  # the library's own steps; the visit order is here
+
+    update = update or after_failure
+    vocab = p_of(()).numel()
+
+    @functools.cache
+    def after(prefix: tuple[int, ...]) -> torch.Tensor:
+        return target_sequence_distribution(p_of, max(n_tokens - len(prefix), 0), prefix)
+
+    def stop(prefix: tuple[int, ...], w: float, p_u: torch.Tensor) -> torch.Tensor:  # u accepted, next ~ p_u
+        if len(prefix) >= n_tokens:
+            return torch.tensor([w], dtype=torch.float64)
+        return w * torch.cat([p_u[y] * after(prefix + (y,)) for y in range(vocab)])
+
+    def visit(prefix: tuple[int, ...], w: float, p_u: torch.Tensor, i: int, running: torch.Tensor) -> torch.Tensor:
+        """What u's subtree emits from its i-th child on, in state (w, p_u): a sub-distribution whose mass is
+        the probability that it accepts something."""
+        depth = len(prefix)
+        branching = shape[depth] if depth < len(shape) else Branching()
+        top = top_ranked(q_of(prefix), branching.deterministic)
+        size = vocab ** max(n_tokens - depth, 0)
+        if w == 0:
+            return torch.zeros(size, dtype=torch.float64)
+        if i == len(top) + branching.sampled or (i >= len(top) and running.sum() <= 0):
+            return stop(prefix, w, p_u)
+        if i < len(top):
+            x = top[i]
+            draws = [(1.0, x, torch.nn.functional.one_hot(torch.tensor(x), vocab).double(), running)]
+        else:
+            rest = (lambda x: without(running, x)) if branching.mode == DISTINCT else (lambda x: running)
+            draws = [(float(running[x]), x, running, rest(x)) for x in range(vocab) if running[x] > 0]
+        out = torch.zeros(size, dtype=torch.float64)
+        for weight, x, q_c, running_next in draws:
+            w_c = child_weight(w, p_u, q_c, x)
+            child = visit(prefix + (x,), w_c, p_of(prefix + (x,)), 0, q_of(prefix + (x,)))
+            if depth < n_tokens:
+                out.view(vocab, -1)[x] += weight * child
+            else:
+                out += weight * child
+            w_next, p_next = update(w, p_u, q_c, x)
+            out += weight * (1 - float(child.sum())) * visit(prefix, w_next, p_next, i + 1, running_next)
+        return out
+
+    return visit((), 1.0, p_of(()), 0, q_of(()))
+
+
+def traversal_round(
+    p_of: Conditional, q_of: Conditional, shape: list[Branching], generator: torch.Generator | None, update: object = None
+) -> torch.Tensor:
+    """One round on a freshly drafted toy tree with specdec.TraversalVerification; the emitted tokens."""
+    from .traversal import TraversalVerification, after_failure
+
+    p, tree = toy_tree(p_of, q_of, shape, generator)  # (n+1, V)
+    path, next_token = TraversalVerification(update or after_failure).accept(p, tree, generator)
+    return torch.cat([tree.tokens[path], next_token])
+
+
+def expected_accepted_tree_rules(p: torch.Tensor, tree: object, rule: SiblingRule = siblings) -> float:
+    """Exact expected number of draft tokens accept_tree accepts on one drafted tree, p (n+1, V)."""
+    from .tree_accept import children_of
+
+    children, tokens, modes = children_of(tree.parents.tolist()), tree.tokens.tolist(), tree.modes.tolist()
+
+    def node(u: int) -> float:
+        kids = children.get(u, [])
+        if not kids:
+            return 0.0
+        a, _ = rule(p[u + 1], [tokens[c] for c in kids], tree.q[kids], [modes[c] for c in kids])
+        expected, reach = 0.0, 1.0
+        for a_i, c in zip(a.tolist(), kids):
+            expected += reach * a_i * (1 + node(c))
+            reach *= 1 - a_i
+        return expected
+
+    return node(-1)
+
+
+def traversal_outcomes(p: torch.Tensor, tree: object, update: object = None) -> list[tuple[list[int], torch.Tensor]]:
+    """Every way traversal verification can end on one drafted tree, p (n+1, V): (accepted node ids, next token
+    sub-distribution (V,)), the vector's mass the probability of stopping on that path."""
+    from .traversal import after_failure, child_weight, proposal
+    from .tree_accept import children_of
+
+    update = update or after_failure
+    children, tokens, modes = children_of(tree.parents.tolist()), tree.tokens.tolist(), tree.modes.tolist()
+
+    def visit(u: int, w: float, p_u: torch.Tensor) -> list[tuple[list[int], torch.Tensor]]:
+        """u's subtree from state (w, p_u): its outcomes, with masses summing to P(it accepts something)."""
+        out, fails, running = [], 1.0, None
+        for c in children.get(u, []):
+            q_c = proposal(tree.q[c], modes[c], tokens[c], running)
+            w_c = child_weight(w, p_u, q_c, tokens[c])
+            below = visit(c, w_c, p[c + 1]) if w_c > 0 else []
+            out += [([c] + path, fails * mass) for path, mass in below]
+            fails *= 1 - sum(float(mass.sum()) for _, mass in below)
+            w, p_u = update(w, p_u, q_c, tokens[c])
+            running = without(q_c, tokens[c]) if modes[c] == DISTINCT else running
+        return out + [([], fails * (1.0 if u == -1 else w) * p_u)]
+
+    return visit(-1, 1.0, p[0])
+
+
+def expected_accepted_traversal(p: torch.Tensor, tree: object, update: object = None) -> float:
+    """Exact expected number of draft tokens traversal verification accepts on one drafted tree, p (n+1, V)."""
+    return sum(len(path) * float(mass.sum()) for path, mass in traversal_outcomes(p, tree, update))
+
+
+def drafted_trees(
+    p_of: Conditional, q_of: Conditional, shape: list[Branching]
+) -> list[tuple[float, torch.Tensor, SimpleNamespace]]:
+    """Every tree of the given shape the draft can draft, with its probability and p (n+1, V), as toy_tree
+    returns them: for expectations over the drafting of quantities of one tree (only for tiny V and shapes)."""
+
+    def grow(prefix: tuple[int, ...]) -> list[tuple[float, list[tuple[int, tuple[int, ...], int, int]]]]:
+        """(probability, nodes) of every subtree below prefix; a node is (token, prefix, mode, parent offset)."""
+        depth = len(prefix)
+        if depth == len(shape):
+            return [(1.0, [])]
+        q = q_of(prefix)
+        out = []
+        for w, tokens, modes in children_draws(q, shape[depth]):
+            combos = [(w, [(x, prefix, m, -1) for x, m in zip(tokens, modes)])]
+            for i, x in enumerate(tokens):  # each child's subtree, appended after the siblings
+                combos = [
+                    (cw * sw, nodes + [(t, pre, m, i if parent == -1 else parent + len(nodes)) for t, pre, m, parent in sub])
+                    for cw, nodes in combos
+                    for sw, sub in grow(prefix + (x,))
+                ]
+            out += combos
+        return out
+
+    trees = []
+    for w, nodes in grow(()):
+        parents, prefixes = [], [()]
+        for i, (token, prefix, mode, parent) in enumerate(nodes):
+            parents.append(parent)
+            prefixes.append(prefix + (token,))
+        tree = SimpleNamespace(
+            tokens=torch.tensor([n[0] for n in nodes], dtype=torch.long),
+            parents=torch.tensor(parents, dtype=torch.long),
+            q=torch.stack([q_of(n[1]) for n in nodes]) if nodes else torch.zeros(0, p_of(()).numel(), dtype=torch.float64),
+            modes=torch.tensor([n[2] for n in nodes], dtype=torch.long),
+        )
+        trees.append((w, torch.stack([p_of(prefix) for prefix in prefixes]), tree))
+    return trees
