@@ -10,6 +10,7 @@ from specdec.metrics import walltime_improvement
 from .bench_figures import decode_rate, geomean
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
+TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
 HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, at the same k
     "speedup_vs_hf_assisted": (MODEL_CHAIN, "hf_assisted"),
     "speedup_vs_hf_prompt_lookup": ("spec_ngram", "hf_lookup"),
@@ -83,6 +84,10 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
         per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in ("default_block", MODEL_CHAIN)]
         out["block_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
         out["block_vs_token_tokens_per_second"] = tps("default_block") / tps(MODEL_CHAIN)
+    if {TREE_SAMPLED, TREE_TRAVERSAL} <= set(c):  # traversal against the token-level tree rules, the same drafter
+        per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in (TREE_TRAVERSAL, TREE_SAMPLED)]
+        out["traversal_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
+        out["traversal_vs_token_tokens_per_second"] = tps(TREE_TRAVERSAL) / tps(TREE_SAMPLED)
     runs = (result.get("load") or {}).get("runs", {})
     if {"ar", "default"} <= set(runs):  # the load scenario: the same schedule of load for both
         out["default_under_load_vs_target_only"] = runs["default"]["tokens_per_second"] / runs["ar"]["tokens_per_second"]

@@ -20,6 +20,10 @@ GOALS: dict[str, float | dict[str, float]] = {
     # block over token-level verification, the same draft and k: tokens per target pass. At temperature 1 the
     # gain the paper proves; greedy, the two rules accept the same tokens, so exactly 1
     "block_vs_token_tokens_per_pass": {"sampled": 1.03, "greedy": 1.00},
+    # traversal over the token-level tree rules, the same tree drafter with i.i.d. children: tokens per target
+    # pass. Never fewer in expectation over the drafting (enumerated in tests/test_traversal.py), so 1.00 when
+    # sampled; greedy, the two rules accept the same path, so exactly 1
+    "traversal_vs_token_tokens_per_pass": {"sampled": 1.00, "greedy": 1.00},
     # our best n-gram configuration (chain, k="auto" or tree) vs Hugging Face prompt lookup at its defaults
     "vs_hf_prompt_lookup": 1.15,
     # our best configuration that runs the draft model (chain, k="auto", tree or hybrid tree) vs Hugging Face
