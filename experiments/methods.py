@@ -11,8 +11,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import (
+    BlockVerification,
     Generation,
     TokenLevel,
+    TraversalVerification,
     TreeRules,
     autoregressive_generate,
     draft_then_score,
@@ -83,10 +85,23 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
     return Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan), online_rule(plan, pair))
 
 
+TREE_RULE = {TokenLevel: TreeRules, BlockVerification: TraversalVerification}  # a chain's rule -> its tree form
+
+
+def verification_for(temperature: float) -> AcceptanceRule:
+    """verify=auto: block verification when sampling, where it accepts more tokens per pass than the token-level
+    rule (docs/performance.md); the token-level rule at temperature 0, where both accept the same tokens. A tree
+    takes the tree form of either (TREE_RULE)."""
+    return TokenLevel() if temperature == 0 else BlockVerification()
+
+
 def acceptance_of(cfg: DictConfig, plan: Plan) -> AcceptanceRule:
-    """The acceptance rule of cfg.verify; verify=token with a tree is the token-level tree rules."""
+    """The acceptance rule of cfg.verify; with a tree, a chain's rule in its tree form (verify=token: the
+    token-level tree rules; verify=auto when sampling: traversal verification)."""
     acceptance = instantiate(cfg.verify)
-    return TreeRules() if plan.trees and isinstance(acceptance, TokenLevel) else acceptance
+    if plan.trees and type(acceptance) in TREE_RULE:
+        return TREE_RULE[type(acceptance)]()
+    return acceptance
 
 
 def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoice | None:

@@ -393,3 +393,25 @@ def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog, make_
     for pair in ("smollm2", "smollm2_int8", "smollm2_ngram", "smollm2_weak", "smollm2_ngram_auto", "smollm2_ngram_tree"):
         assert pair in pairs
     assert not {"gemma2", "llama3", "qwen25"} & set(pairs)
+
+
+@pytest.mark.parametrize(
+    "overrides, rule",
+    [
+        (["verify=auto"], "TokenLevel"),  # greedy: every rule accepts the same tokens; the cheapest
+        (["verify=auto", "temperature=1"], "BlockVerification"),
+        (["verify=auto", "tree=ngram"], "TreeRules"),
+        (["verify=auto", "tree=ngram", "temperature=1"], "TraversalVerification"),
+        (["verify=token", "temperature=1"], "TokenLevel"),
+        (["verify=token", "tree=ngram", "temperature=1"], "TreeRules"),
+        (["verify=block", "temperature=0.5"], "BlockVerification"),
+        (["verify=traversal", "tree=ngram"], "TraversalVerification"),
+    ],
+)
+def test_verify_resolves_to_the_rule_for_the_shape_and_temperature(overrides, rule, make_cfg) -> None:
+    from experiments.methods import acceptance_of
+    from experiments.settings import plan_of
+
+    cfg = make_cfg(*overrides)
+    validate(cfg)
+    assert type(acceptance_of(cfg, plan_of(cfg))).__name__ == rule
