@@ -116,13 +116,20 @@ def check_bench(overrides: list[str]) -> None:
     base = [o for o in overrides if not o.startswith("hydra.")]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("bench", overrides=base)
-        runs = [o for o in base if not o.lstrip("+~").startswith("bench.")]
-        for name, delta in cfg.bench.contenders.items():
-            job = compose("bench", overrides=[*runs, *delta])
-            if str(job.device).startswith("cuda"):
-                job.device = "cpu"
-            validate(job)
-            assert job.method != "all", name
+    runs = tuple(o for o in base if not o.lstrip("+~").startswith("bench."))
+    for name, delta in cfg.bench.contenders.items():
+        check_contender(runs, tuple(delta), name)
+
+
+@functools.cache
+def check_contender(runs: tuple[str, ...], delta: tuple[str, ...], name: str) -> None:
+    """One contender on top of the command's run overrides (the same pair is checked once for all commands)."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        job = compose("bench", overrides=[*runs, *delta])
+    if str(job.device).startswith("cuda"):
+        job.device = "cpu"
+    validate(job)
+    assert job.method != "all", name
 
 
 @functools.cache
