@@ -166,6 +166,7 @@ def test_gpu_bench_config_on_toy_shapes(tmp_path):
     assert out["machine"]["cpu"]["model"] and out["command"].startswith("python -m experiments.bench bench=gpu")
 
 
+@pytest.mark.exhaustive  # a bench process of its own; `make test-all`
 def test_scaling_rows_have_every_contender(tmp_path):
     out = bench(
         tmp_path, "bench=scaling", *TINY, "bench.scaling.lengths=[4,8]", "bench.scaling.prompt_lengths=[300]",
