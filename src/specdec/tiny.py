@@ -12,6 +12,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     GemmaConfig,
     GPTNeoXConfig,
     LlamaConfig,
@@ -21,10 +22,12 @@ from transformers import (
     Qwen2Config,
 )
 
-CONFIGS = {  # architecture -> (config class, fields of its own; sliding windows get the `sliding_window` argument)
+CONFIGS = {  # architecture -> (config class, fields of its own; sliding windows get the `sliding_window` argument,
+    # layer_types: None alternates sliding-window and full-attention layers, ending on a full one)
     "llama": (LlamaConfig, {}),
     "gemma": (GemmaConfig, {"head_dim": 8}),
     "gemma2": (Gemma2Config, {"head_dim": 8, "sliding_window": None}),
+    "gemma3": (Gemma3TextConfig, {"head_dim": 8, "sliding_window": None, "layer_types": None}),  # as Gemma 3 270M
     "mistral": (MistralConfig, {"sliding_window": None}),
     "mixtral": (MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
     "gpt_neox": (GPTNeoXConfig, {}),
@@ -51,6 +54,8 @@ def tiny_config(arch: str, vocab_size: int = 32, n_layers: int = 2, sliding_wind
     if arch != "gpt_neox":  # GPT-NeoX has no grouped-query attention
         fields["num_key_value_heads"] = 2
     fields |= {key: sliding_window if value is None else value for key, value in own.items()}
+    if "layer_types" in own:
+        fields["layer_types"] = ["full_attention" if (n_layers - i) % 2 == 1 else "sliding_attention" for i in range(n_layers)]
     return config_class(**(fields | overrides))
 
 
