@@ -217,7 +217,9 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
     with offline_hint():
         drafter = instantiate(node)
     model = getattr(drafter, "model", None)
-    tokenizer = check_same_tokenizer(cfg, target().tokenizer) if model is not None else None
+    tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.cross_vocab)
+    if tokenizer is None and model is not None:
+        tokenizer = check_same_tokenizer(cfg, target().tokenizer)
     return Draft(drafter, model, tokenizer, draft_quantization(node), describe(node))
 
 

@@ -3,6 +3,7 @@
 from .autoregressive import autoregressive_generate
 from .cost import CostModel, FixedDraftLength
 from .decoding import decode, speculative_generate, tree_generate
+from .cross_vocab import StringDrafter, TokenIntersectionDrafter
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import (
     Generation,
@@ -42,6 +43,8 @@ __all__ = [
     "OnlineThreadChoice",
     "Sampling",
     "Stats",
+    "StringDrafter",
+    "TokenIntersectionDrafter",
     "TokenLevel",
     "TraversalVerification",
     "TreeCostModel",

@@ -102,6 +102,7 @@ class TokenIntersectionDrafter:
                  target_tokenizer: PreTrainedTokenizerBase, reads_target_cache: bool = False,
                  renormalise: bool = True):  # fmt: skip
         check_cross_vocabulary(reads_target_cache)
+        self.model, self.draft_tokenizer = model, draft_tokenizer  # what the naive method writes with
         self.view = DraftView(model, draft_tokenizer, target_tokenizer)
         self.shared: SharedTokens = shared_tokens(draft_tokenizer, target_tokenizer)
         self.renormalise = renormalise  # False only to show that the tests catch it
@@ -153,6 +154,7 @@ class StringDrafter:
         check_cross_vocabulary(reads_target_cache)
         token_texts_check = shared_tokens(draft_tokenizer, target_tokenizer)  # refuses a pair with nothing in common
         del token_texts_check
+        self.model, self.draft_tokenizer = model, draft_tokenizer
         self.view = DraftView(model, draft_tokenizer, target_tokenizer)
         self.context_tokens = context_tokens  # accepted tokens whose text the draft's text is tokenized after
 

@@ -32,6 +32,14 @@ def article_score(
     return float(token_log_probs(target, ids).mean())
 
 
+def draft_prompt(
+    input_ids: torch.Tensor, draft_tokenizer: PreTrainedTokenizerBase, target_tokenizer: PreTrainedTokenizerBase
+) -> torch.Tensor:
+    """The prompt (1, L) in the draft's own tokens: its text, as the draft's tokenizer writes it."""
+    text = target_tokenizer.decode(input_ids[0].tolist(), skip_special_tokens=True)
+    return draft_tokenizer(text, return_tensors="pt")["input_ids"].to(input_ids.device)
+
+
 def continuation_mean(target: PreTrainedModel, prompt_ids: torch.Tensor, continuation: torch.Tensor) -> float:
     """Corrected score: mean target log-likelihood of the continuation tokens, given the prompt."""
     return float(continuation_log_probs(target, prompt_ids, continuation).mean())
@@ -53,16 +61,26 @@ def draft_then_score(
 
     stats.extras holds `continuation_log_likelihood` (mean over the new tokens, given the prompt)
     and, when both tokenizers are given, the article's `article_log_likelihood`.
+
+    With two different vocabularies (both tokenizers given) the draft writes from the prompt's text in its own
+    tokens, until its own end token; the output is its text in the target's tokens: still the draft's text.
     """
+    cross = draft_tokenizer is not None and target_tokenizer is not None and (
+        draft_tokenizer.get_vocab() != target_tokenizer.get_vocab())
+    draft_ids = draft_prompt(input_ids, draft_tokenizer, target_tokenizer) if cross else input_ids
     draft_run = autoregressive_generate(  # the draft model alone: its stats call it the target
         draft_model,
-        input_ids,
+        draft_ids,
         sampling=sampling,
         max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
+        eos_token_id=draft_tokenizer.eos_token_id if cross else eos_token_id,
         generator=generator,
     )
     tokens = draft_run.tokens  # (N,) the output: the draft, unchanged
+    if cross:  # the same text in target tokens, which every score and quality measure reads
+        text = draft_tokenizer.decode(tokens.tolist(), skip_special_tokens=True)
+        tokens = torch.tensor(target_tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long,
+                              device=input_ids.device)[:max_new_tokens]  # fmt: skip
     stats = Stats(
         emitted=draft_run.stats.emitted,
         draft_forwards=draft_run.stats.target_forwards,  # one draft-model pass per new token
@@ -73,7 +91,7 @@ def draft_then_score(
     with stopwatch(stats.seconds, "verify", target.device):  # times the one scoring pass the article makes
         if faithful:
             stats.extras["article_log_likelihood"] = article_score(
-                target, input_ids, tokens, draft_tokenizer, target_tokenizer
+                target, draft_ids, draft_run.tokens, draft_tokenizer, target_tokenizer
             )
         else:
             stats.extras["continuation_log_likelihood"] = continuation_mean(target, input_ids, tokens)
