@@ -147,7 +147,8 @@ class ModelUsed(Exception):
 
 
 class StandInModel:
-    """Takes a draft model's place while a drafter node is checked: the first use of the model ends the build."""
+    """Takes a draft model's (or a tokenizer's) place while a drafter node is checked: its first use ends the
+    build."""
 
     def __getattr__(self, name: str):
         if name.startswith("_"):  # introspection (OmegaConf, Hydra) is not a use
@@ -162,8 +163,11 @@ def check_target(node: object, key: str) -> None:
     if not OmegaConf.is_dict(node) or "_target_" not in node:
         raise ConfigError(f"{key} must name a drafter class with _target_ (see conf/draft/ and conf/tree/), got {node!r}")
     takes_model = "model" in node or OmegaConf.is_missing(node, "model")
+    stand_ins = {"model": StandInModel()} if takes_model else {}
+    stand_ins |= {key: StandInModel() for key in ("draft_tokenizer", "target_tokenizer") if key in node}  # nor
+    # tokenizers: a cross-vocabulary drafter's (specdec.cross_vocab) load in seconds
     try:
-        instantiate(node, **({"model": StandInModel()} if takes_model else {}))
+        instantiate(node, **stand_ins)
     except InstantiationException as e:
         if isinstance(e.__cause__, ModelUsed):  # the arguments passed; the build stopped at the model
             return

@@ -90,14 +90,19 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
     assert "speedup_vs_hf_assisted" in table and "| spec_ngram | speculative | draft@model.draft=ngram |" in table
 
 
-def test_memory_and_load_runs_each_in_its_own_process(tmp_path):
-    """Memory: each contender in a fresh process. The load scenario: target-only and the default each in a fresh
-    process under a busy loop that stops 1 s into their generation; their ratio is a goal."""
-    out = bench(tmp_path, *TINY, "bench.only=[default]", "bench.memory=true", "dataset.n_prompts=1",
-                "bench.load.seconds=1")  # fmt: skip
+@pytest.mark.exhaustive  # a bench process and a memory process of its own: `make test-all`
+def test_memory_of_each_contender_in_its_own_process(tmp_path):
+    out = bench(tmp_path, *TINY, "bench.only=[default]", "bench.memory=true", "dataset.n_prompts=1", "bench.load=null")
     assert set(out["contenders"]) == set(out["memory"]) == {"default"}
     for memory in out["memory"].values():
         assert memory["peak_rss_mb"] >= memory["rss_after_loading_mb"] > 0
+
+
+def test_load_runs_each_in_its_own_process(tmp_path):
+    """The load scenario: target-only and the default each in a fresh process under a busy loop that stops 1 s
+    into their generation; their ratio is a goal."""
+    out = bench(tmp_path, *TINY, "bench.only=[default]", "bench.memory=false", "dataset.n_prompts=1",
+                "bench.load.seconds=1")  # fmt: skip
     load = out["load"]
     assert load["seconds"] == 1 and load["processes"] == 1 and set(load["runs"]) == {"ar", "default"}
     for run in load["runs"].values():
@@ -178,12 +183,18 @@ def test_scaling_rows_have_every_contender(tmp_path):
     assert "by_prompt_length" in (tmp_path / "scaling.md").read_text()
 
 
-def test_unknown_contender_is_refused(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", *TINY, "bench.only=[ar,warp_drive]", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 2 and "['warp_drive'] are not in bench.contenders" in done.stderr
+def test_unknown_contender_is_refused():
+    """Before anything loads (a ConfigError: `python -m experiments.bench` exits with 2 and the message)."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.bench import contenders_of
+    from experiments.pair import Pairs
+    from experiments.settings import ConfigError
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("bench", overrides=TINY)
+        with pytest.raises(ConfigError, match=r"\['warp_drive'\] are not in bench.contenders"):
+            contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
 
 
 def test_pooled_chosen_k_histograms_add_up():

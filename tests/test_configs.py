@@ -159,6 +159,7 @@ BAD = [
     (["tree=ngram", "tree.depth=null"], "depth must be an integer >= 1, got None"),
     (["tree=ngram", "verify=block"], "verify=block verifies chains.*use verify=traversal"),
     (["verify=traversal"], "verify=traversal verifies token trees.*use verify=block"),
+    (["model=gemma3_smollm2", "model.reads_target_cache=true"], "another vocabulary cannot read the target's KV cache"),
     (["tree=model", "model=smollm2_weak", "tree.children=null"], "children must be one of"),
     (["tree=ngram", "tree.matches=0"], "matches must be an integer >= 1"),
     (["tree=ngram", "tree.max_ngram=1", "tree.min_ngram=2"], "need 1 <= min_ngram <= max_ngram"),
