@@ -11,6 +11,8 @@ from .bench_figures import decode_rate, geomean
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
+CROSS_OURS = ("default", "string_k3", "tli_auto", "tli_k3")  # bench=cross: ours with another tokenizer
+CROSS_HF = ("hf_uag_default", "hf_uag_k3")  # Hugging Face's universal assisted generation, same draft
 HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, at the same k
     "speedup_vs_hf_assisted": (MODEL_CHAIN, "hf_assisted"),
     "speedup_vs_hf_prompt_lookup": ("spec_ngram", "hf_lookup"),
@@ -88,6 +90,10 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
         per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in (TREE_TRAVERSAL, TREE_SAMPLED)]
         out["traversal_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
         out["traversal_vs_token_tokens_per_second"] = tps(TREE_TRAVERSAL) / tps(TREE_SAMPLED)
+    ours_cross, hf_cross = [n for n in CROSS_OURS if n in c], [n for n in CROSS_HF if n in c]
+    if ours_cross and hf_cross and "ar" in c:  # bench=cross: a draft with another tokenizer, ours against HF's
+        out["cross_vocab_vs_hf_uag"] = category_geomean(best(ours_cross)) / category_geomean(best(hf_cross))
+        out["cross_vocab_vs_target_only"] = category_geomean(best(ours_cross)) / category_geomean("ar")
     runs = (result.get("load") or {}).get("runs", {})
     if {"ar", "default"} <= set(runs):  # the load scenario: the same schedule of load for both
         out["default_under_load_vs_target_only"] = runs["default"]["tokens_per_second"] / runs["ar"]["tokens_per_second"]

@@ -1,5 +1,5 @@
 """Hugging Face generate as a method next to ours (method=hf, conf/hf/): plain, assisted generation with the
-pair's draft model, or prompt lookup. Every option is stated in a generation config of its own, so model
+pair's draft model (universal assisted generation when the draft has another tokenizer), or prompt lookup. Every option is stated in a generation config of its own, so model
 defaults cannot differ between runs, and the draft model's own generation config is never changed."""
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ def assistant_config(model: PreTrainedModel, config: GenerationConfig) -> Iterat
         model.generation_config = own
 
 
+def universal(pair: Pair, assistant: PreTrainedModel | None) -> dict[str, object]:
+    """A draft with another vocabulary: universal assisted generation, given both tokenizers (it re-tokenizes
+    the draft's text); none for a draft that shares the target's."""
+    drafts_text = assistant is not None and pair.draft_tokenizer is not None and (
+        pair.draft_tokenizer.get_vocab() != pair.tokenizer.get_vocab())
+    return {"tokenizer": pair.tokenizer, "assistant_tokenizer": pair.draft_tokenizer} if drafts_text else {}
+
+
 def hf_generate(
     pair: Pair, ids: torch.Tensor, hf: DictConfig, sampling: Sampling, max_new_tokens: int, seed: int, eos: list[int]
 ) -> Generation:
@@ -65,7 +73,7 @@ def hf_generate(
     torch.manual_seed(seed)
     with stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode(), schedule:
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
-                                   generation_config=config)
+                                   generation_config=config, **universal(pair, assistant))
     tokens = out[0, ids.shape[-1] :]
     stats.emitted = tokens.numel()
     return Generation(tokens, stats)
