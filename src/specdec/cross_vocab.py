@@ -33,6 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .cached import CachedLM, logits_width
 from .sampling import Sampling, probabilities, sample
 from .speculative import Draft
+from .tree_drafters import one_hot
 from .vocab import SharedTokens, shared_tokens
 
 
@@ -152,8 +153,7 @@ class StringDrafter:
     def __init__(self, model: PreTrainedModel, draft_tokenizer: PreTrainedTokenizerBase,
                  target_tokenizer: PreTrainedTokenizerBase, reads_target_cache: bool = False, context_tokens: int = 8):  # fmt: skip
         check_cross_vocabulary(reads_target_cache)
-        token_texts_check = shared_tokens(draft_tokenizer, target_tokenizer)  # refuses a pair with nothing in common
-        del token_texts_check
+        shared_tokens(draft_tokenizer, target_tokenizer)  # refuses a pair with nothing in common
         self.model, self.draft_tokenizer = model, draft_tokenizer
         self.view = DraftView(model, draft_tokenizer, target_tokenizer)
         self.context_tokens = context_tokens  # accepted tokens whose text the draft's text is tokenized after
@@ -189,6 +189,4 @@ class StringDrafter:
                 logits = self.view.feed(d)
         tokens = torch.tensor([t for t in self.candidates(sequence, drafted) if t < vocab_size][:k], dtype=torch.long,
                               device=sequence.device)  # fmt: skip
-        q = torch.zeros(tokens.numel(), vocab_size, device=sequence.device)
-        q[torch.arange(tokens.numel()), tokens] = 1.0  # deterministic candidates: one-hot rows
-        return Draft(tokens, q, forwards=k)
+        return Draft(tokens, one_hot(tokens, vocab_size), forwards=k)  # deterministic candidates: one-hot rows
