@@ -52,7 +52,7 @@ SAMPLINGS = {
 }
 CASES = [
     pytest.param(method, sampling, id=f"{method}-{name}",
-                 marks=() if name == "T1" else pytest.mark.exhaustive)  # fmt: skip
+                 marks=() if name == "T1" else pytest.mark.exhaustive)
     for method in DRAFTERS
     for name, sampling in SAMPLINGS.items()
 ]

@@ -31,6 +31,7 @@ from specdec.exact import (
     drafted_trees,
     expected_accepted_traversal,
     expected_accepted_tree_rules,
+    sequence_distribution,
     target_sequence_distribution,
     total_variation,
     toy_pair,
@@ -39,7 +40,6 @@ from specdec.exact import (
     traversal_round,
     traversal_round_distribution,
 )
-from specdec.exact import sequence_distribution
 from specdec.sampling import probabilities
 from specdec.speculative import block_residual
 from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
@@ -120,7 +120,7 @@ def test_on_a_chain_it_is_block_verification(sampling):
             for y in range(3):
                 ours[xs[: len(path)] + (y,)] = ours.get(xs[: len(path)] + (y,), 0.0) + float(mass[y])
         theirs = {}
-        for emitted, prob in block(lambda n: p_of(xs[:n]), lambda n: q_of(xs[:n]), xs):
+        for emitted, prob in block(lambda n, xs=xs: p_of(xs[:n]), lambda n, xs=xs: q_of(xs[:n]), xs):
             theirs[emitted] = theirs.get(emitted, 0.0) + prob
         for key in set(ours) | set(theirs):
             assert abs(ours.get(key, 0.0) - theirs.get(key, 0.0)) < 1e-9, (xs, key)
@@ -185,13 +185,13 @@ def traversal_counts(target, drafter, sampling, seed, n=N_SAMPLES):
 LOOP_CASES = [
     pytest.param(model_tree("iid", (2, 2)), Sampling(1.0), id="iid-T1", marks=pytest.mark.exhaustive),
     pytest.param(model_tree("distinct", hybrid=NGramTreeDrafter(matches=2, depth=2, nodes=4)), Sampling(1.0),
-                 id="hybrid-T1"),  # fmt: skip
+                 id="hybrid-T1"),
     pytest.param(model_tree("iid", (2, 2)), Sampling(0.5), id="iid-T0.5", marks=pytest.mark.exhaustive),
     pytest.param(model_tree("distinct", (3, 2)), Sampling(1.5), id="distinct-T1.5", marks=pytest.mark.exhaustive),
     pytest.param(model_tree("distinct"), Sampling(1.0, top_k=3), id="distinct-topk", marks=pytest.mark.exhaustive),
     pytest.param(model_tree("iid"), Sampling(1.0, top_p=0.8), id="iid-topp", marks=pytest.mark.exhaustive),
     pytest.param(model_tree("top", (3, 2)), Sampling(1.5, top_k=4, top_p=0.9), id="top-T1.5-topk-topp",
-                 marks=pytest.mark.exhaustive),  # fmt: skip
+                 marks=pytest.mark.exhaustive),
 ]
 
 

