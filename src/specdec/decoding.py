@@ -17,9 +17,11 @@ rules (specdec.speculative.TokenLevel and BlockVerification for chains, specdec.
 specdec.traversal.TraversalVerification for trees) emit the
 target's distribution for any proposal fixed before p is seen, so the whole output is exact.
 
-The loop state is one `Sequence` (the tokens so far, what is left of the budget, whether it ended);
-the loop reads and extends it only through its methods, so that a batch of rows of different
-lengths can take its place.
+The loop state is one `Sequence` (the tokens so far, what is left of the budget, whether it ended),
+or for several prompts a specdec.batch.Batch of rows of different lengths; the loop reads and extends
+it only through their common methods, with the batch's counterparts of the cache (BatchedLM), the
+drafter (one proposal per row), the proposal (RowProposals: one target pass for all rows) and the
+acceptance rule (PerRow: each row accepted on its own). specdec.batch says why every row stays exact.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from .batch import (
+    Batch,
+    BatchCostModel,
+    BatchGeneration,
+    PerRow,
+    RowProposals,
+    batch_drafter,
+    batch_rows,
+    check_batch,
+)
+from .batch_cache import BatchedLM
 from .cached import CachedLM
 from .checks import check_generation_args
 from .cost import Choice, CostModel, FixedDraftLength, Rule, check_draft_cost
@@ -41,7 +54,7 @@ from .sampling import DEFAULT_SAMPLING, Sampling
 from .speculative import Draft, TokenLevel
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
-from .tree import check_tree_backend, prune_tree
+from .tree import check_tree_backend, empty_tree, prune_tree
 from .tree_accept import TreeRules
 from .tree_cost import TreeCostModel
 
@@ -65,10 +78,15 @@ class Round:
     path: list[int]  # accepted node ids of `verified`, in path order
     overlaps: torch.Tensor  # (observed,) beta = sum_x min(p, q) on the output path, on the device
     seconds: dict[str, float]  # "draft", "verify"
+    # A batch round: proposed and verified are RowProposals, path and overlaps lists with one entry per row.
 
     @property
     def depth(self) -> int:
         return max(self.verified.depths(), default=0)
+
+    def overlap_total(self) -> torch.Tensor:
+        parts = self.overlaps if isinstance(self.overlaps, list) else [self.overlaps]
+        return sum((part.sum() for part in parts), torch.zeros(()))
 
 
 class Sequence:
@@ -102,6 +120,22 @@ class Sequence:
     def new_tokens(self) -> torch.Tensor:
         return self.tokens[0, self.prompt_length :]
 
+    def retire(self, lm: CachedLM, drafter: Drafter) -> None:
+        """The drafter forgets what it drafted past the sequence (the caches keep all of it but the last token)."""
+        if self.active:
+            drafter.rollback(self.tokens.shape[-1] - 1)
+
+    def record(self, stats: Stats, round: Round, trees: bool) -> None:
+        stats.record_round(round.verified.size, round.depth, len(round.path), round.overlaps.numel(), tree=trees)
+
+    def produced(self, round: Round) -> int:
+        return len(round.path) + 1
+
+    def result(self, stats: Stats, overlap_total: torch.Tensor) -> Generation:
+        stats.emitted = self.emitted
+        stats.overlap_sum = float(overlap_total)
+        return Generation(self.new_tokens(), stats)
+
 
 def share_cache(drafter: object, target: CachedLM) -> None:
     """Offer the target's cache to a drafter that can read it (a copy of the target built to read it)."""
@@ -118,18 +152,36 @@ def prefill(target: CachedLM, drafter: Drafter, sequence: torch.Tensor) -> None:
 
 
 def propose(
-    drafter: Drafter, sequence: torch.Tensor, choice: Choice, room: int, sampling: Sampling, vocab: int,
-    generator: torch.Generator | None,
-) -> Proposal:
-    """The drafter's proposal of length (depth) choice.k, or up to `room` for k=None; k = 0 calls no drafter
-    (the round is a plain target step)."""
+    drafter: Drafter, state: Sequence | Batch, choice: Choice, sampling: Sampling, vocab: int,
+    generator: torch.Generator | None, trees: bool = False,
+) -> Proposal | RowProposals:
+    """The drafter's proposal of length (depth) choice.k, or up to the room left for k=None; k = 0 calls no
+    drafter (the round is a plain target step). A batch: one proposal per row, each cut to its row's room."""
+    if isinstance(state, Batch):
+        if choice.k == 0:
+            empty = empty_tree if trees else Draft.empty
+            return RowProposals([empty(vocab, row.device) for row in state.tokens])
+        k = state.room() if choice.k is None else choice.k
+        proposals = drafter.propose(state.tokens, k, sampling, vocab, generator)
+        return RowProposals([fit(r, room) for r, room in zip(proposals.rows, state.rooms())], proposals.forwards)
     if choice.k == 0:
-        return Draft.empty(vocab, sequence.device)
-    return drafter.propose(sequence, room if choice.k is None else choice.k, sampling, vocab, generator)
+        return Draft.empty(vocab, state.tokens.device)
+    return drafter.propose(state.tokens, state.room() if choice.k is None else choice.k, sampling, vocab, generator)
 
 
-def cut(proposal: Proposal, choice: Choice, max_nodes: int) -> Proposal:
+def fit(proposal: Proposal, room: int) -> Proposal:
+    """A row's proposal no deeper than the room left in its budget."""
+    if max(proposal.depths(), default=0) <= room:
+        return proposal
+    if isinstance(proposal, Draft):
+        return Draft(proposal.tokens[:room], proposal.q[:room], proposal.forwards)
+    return prune_tree(proposal, room, proposal.size)
+
+
+def cut(proposal: Proposal | RowProposals, choice: Choice, max_nodes: int) -> Proposal | RowProposals:
     """The proposal cut to the chosen node budget (prune_tree), refused when wider than the pass limit."""
+    if isinstance(proposal, RowProposals):
+        return proposal.map(lambda row: cut(row, choice, max_nodes))
     verified = proposal if choice.nodes is None else prune_tree(proposal, choice.k, choice.nodes)
     if verified.size > max_nodes:
         raise ValueError(
@@ -139,22 +191,28 @@ def cut(proposal: Proposal, choice: Choice, max_nodes: int) -> Proposal:
     return verified
 
 
-def observe(stats: Stats, rule: Rule, round: Round, trees: bool) -> None:
-    """The rule learns from the round; the statistics count it."""
-    accepted = len(round.path)
+def observe(stats: Stats, rule: Rule, round: Round, state: Sequence | Batch, trees: bool) -> None:
+    """The rule learns from the round; the statistics count it (a batch: each row's share too)."""
     stats.draft_forwards += round.verified.forwards
-    stats.record_round(round.verified.size, round.depth, accepted, round.overlaps.numel(), tree=trees)
+    state.record(stats, round, trees)
     chosen = round.depth if round.choice.k is None else round.choice.k
-    stats.record_schedule(chosen, round.choice.prediction, accepted + 1, round.seconds, round.choice.draft,
+    stats.record_schedule(chosen, round.choice.prediction, state.produced(round), round.seconds, round.choice.draft,
                           round.choice.threads)
     rule.observe(round)
+
+
+def batched(input_ids: torch.Tensor | list, attention_mask: torch.Tensor | None) -> bool:
+    """Several prompts (a list, a tensor of more than one row, or any tensor with an attention mask)."""
+    return not isinstance(input_ids, torch.Tensor) or attention_mask is not None or (
+        input_ids.dim() == 2 and input_ids.shape[0] != 1)
 
 
 def decode(
     target: PreTrainedModel,
     drafter: Drafter,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | list,
     *,
+    attention_mask: torch.Tensor | None = None,
     rule: Rule,
     acceptance: AcceptanceRule,
     sampling: Sampling = DEFAULT_SAMPLING,
@@ -164,20 +222,34 @@ def decode(
     max_nodes: int = 64,
     cache: CachedLM | None = None,
     phase_times: bool = False,
-) -> Generation:
+) -> Generation | BatchGeneration:
     """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution.
+
+    Several prompts: input_ids (B, L) with attention_mask (1 token, 0 padding), or a list of token id rows;
+    every row then accepts on its own (specdec.batch) and a BatchGeneration comes back. Finished rows leave
+    the batch; rule then must be a batch's (FixedDraftLength, or BatchCostModel for k="auto").
 
     cache: the target's CachedLM to decode into (empty; e.g. one the caller preallocated), else a new one.
     phase_times: synchronize the device around the draft and verify phases of every round so that their
     times are exact; rules that read times (rule.clock) always get them. Off, a CUDA run's phase split is
     only indicative (the total is always synchronized); on a CPU it changes nothing.
     """
-    check_generation_args(target, input_ids, max_new_tokens)
-    lm = cache if cache is not None else CachedLM(target)
-    if lm.model is not target or lm.length:
-        raise ValueError("cache must be an empty CachedLM of the target (CachedLM(target), or after its reset())")
+    many = batched(input_ids, attention_mask)
+    if many:
+        prompts = batch_rows(input_ids, attention_mask)
+        check_batch(target, prompts, max_new_tokens)
+        check_batch_rule(rule)
+        lm = BatchedLM(target)
+        drafter, acceptance = batch_drafter(drafter), PerRow(acceptance)
+    else:
+        check_generation_args(target, input_ids, max_new_tokens)
+        lm = cache if cache is not None else CachedLM(target)
+        if lm.model is not target or lm.length:
+            raise ValueError("cache must be an empty CachedLM of the target (CachedLM(target), or after its reset())")
     vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
-    state = Sequence(input_ids.to(lm.device), max_new_tokens, EosSet(eos_token_id))
+    eos = EosSet(eos_token_id)
+    state = Batch(prompts, max_new_tokens, eos, lm.device) if many else Sequence(input_ids.to(lm.device),
+                                                                                     max_new_tokens, eos)
     stats = Stats()
     overlap_total = torch.zeros((), device=lm.device)
     clock = rule.clock or time.perf_counter
@@ -186,31 +258,51 @@ def decode(
         with stopwatch(stats.seconds, "prefill", lm.device):
             prefill(lm, drafter, state.tokens)
         while state.active:
+            if many:
+                rule.rows = len(state.order)  # the batch's cost model prices passes over the rows still active
             choice = rule.choose(state.room())  # from past rounds; never past the budget
             spent: dict[str, float] = {}
             with stopwatch(spent, "draft", sync, clock):
-                proposed = propose(drafter, state.tokens, choice, state.room(), sampling, vocab, generator)
+                proposed = propose(drafter, state, choice, sampling, vocab, generator, acceptance.trees)
                 verified = cut(proposed, choice, max_nodes)
             with stopwatch(spent, "verify", sync, clock):
-                p = verified.score(lm, state.tokens, sampling, vocab)  # (n+1, V)
+                p = verified.score(lm, state.tokens, sampling, vocab)  # (n+1, V); a batch: one per row
                 path, next_token = acceptance.accept(p, verified, generator)
                 lm.keep(verified.size, path)
             round = Round(choice, proposed, verified, path, verified.overlaps(p, path), spent)
-            observe(stats, rule, round, acceptance.trees)
-            overlap_total += round.overlaps.sum()
-            state.extend(verified.tokens[path].to(lm.device), next_token)
-            if state.active:
-                drafter.rollback(state.tokens.shape[-1] - 1)
-    stats.emitted = state.emitted
-    stats.overlap_sum = float(overlap_total)
-    return Generation(state.new_tokens(), stats)
+            observe(stats, rule, round, state, acceptance.trees)
+            overlap_total += round.overlap_total().to(overlap_total.device)
+            state.extend(accepted_tokens(verified, path, lm.device), next_token)
+            state.retire(lm, drafter)
+    if many:
+        stats.overlap_sum = float(overlap_total)
+        return state.result(stats)
+    return state.result(stats, overlap_total)
 
 
-def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64) -> Rule:
+def accepted_tokens(verified: Proposal | RowProposals, path, device: torch.device):
+    """The accepted tokens of the round (a batch: one tensor per row)."""
+    if isinstance(verified, RowProposals):
+        return verified.accepted(path)
+    return verified.tokens[path].to(device)
+
+
+def check_batch_rule(rule: Rule) -> None:
+    """A batch needs a rule that prices passes over several rows (or none: a fixed k)."""
+    if not isinstance(rule, FixedDraftLength | BatchCostModel):
+        raise ValueError(
+            f"{type(rule).__name__} chooses k for one sequence; a batch takes a fixed k or k='auto' "
+            "(a BatchCostModel, which prices passes over all rows)"
+        )
+
+
+def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64,
+               batch: bool = False) -> Rule:
     """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
     fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
     trees) pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an
-    OnlineDraftChoice (which draft, and how long, every round); an object with choose and observe, used as given."""
+    OnlineDraftChoice (which draft, and how long, every round); an object with choose and observe, used as given.
+    batch: several prompts; "auto" is then a BatchCostModel (chains; trees take a fixed depth)."""
     if hasattr(k, "choose") and hasattr(k, "observe"):
         if getattr(k, "trees", trees) != trees:
             wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
@@ -220,6 +312,11 @@ def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: b
         if getattr(k, "switch", drafter) is not drafter:
             raise ValueError(f"the {type(k).__name__} selects in another DraftSwitch than the drafter given")
         return k
+    if k == "auto" and batch:
+        if trees:
+            raise ValueError("k='auto' for token trees prices one sequence's trees; for a batch give trees a fixed "
+                             "depth (an int k, or None), or use chains with k='auto'")
+        return BatchCostModel(k_max, check_draft_cost(drafter))
     if k == "auto" and isinstance(drafter, DraftSwitch) and not trees:
         return OnlineDraftChoice(drafter, k_max)
     if k == "auto":
@@ -247,8 +344,9 @@ def speculative_generate(
     """Speculative sampling over chains of draft tokens (Leviathan's Algorithm 1): decode with the token-level
     rule, or another rule for chains (acceptance=specdec.BlockVerification()). k: draft tokens per round
     (gamma); "auto" chooses 0..k_max each round with a fresh CostModel; a rule (a CostModel instance) is used
-    as given and keeps its measurements across calls. options: decode's."""
-    rule = draft_rule(k, k_max, drafter)
+    as given and keeps its measurements across calls. Several prompts (a list, or (B, L) with
+    attention_mask): every row accepts on its own, one k per round for all rows. options: decode's."""
+    rule = draft_rule(k, k_max, drafter, batch=batched(input_ids, options.get("attention_mask")))
     acceptance = acceptance or TokenLevel()
     if acceptance.trees:
         raise ValueError(f"{type(acceptance).__name__} verifies token trees; speculative_generate verifies chains")
@@ -278,7 +376,8 @@ def tree_generate(
     """
     if max_nodes < 1:
         raise ValueError(f"max_nodes (tree nodes per target pass) must be >= 1, got {max_nodes}")
-    rule = draft_rule(k, k_max, drafter, trees=True, max_nodes=max_nodes)
+    rule = draft_rule(k, k_max, drafter, trees=True, max_nodes=max_nodes,
+                      batch=batched(input_ids, options.get("attention_mask")))
     check_tree_backend(target)
     acceptance = acceptance or TreeRules()
     if not acceptance.trees:

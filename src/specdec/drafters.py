@@ -96,6 +96,10 @@ class ModelDrafter:
     def share_cache(self, target: CachedLM) -> None:
         self.states.offer(self.lm, target)
 
+    def fork(self) -> ModelDrafter:
+        """The same weights for another sequence (a batch's row): a cache of its own, reading no target cache."""
+        return ModelDrafter(self.model)
+
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
         if not self.states.begin():
@@ -188,6 +192,7 @@ class NGramDrafter:
 
     vocab_size = None
     draft_cost = "per_call"
+    stateless = True  # keeps nothing between calls: one object serves every row of a batch
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         check_ngram_range(max_ngram, min_ngram)

@@ -8,6 +8,8 @@ row being q without the earlier siblings). The acceptance rules are exact only i
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import PreTrainedModel
 
@@ -47,6 +49,11 @@ class ChainTreeDrafter:
     def share_cache(self, target: CachedLM) -> None:
         share_cache(self.drafter, target)
 
+    def fork(self) -> ChainTreeDrafter:
+        """The same drafter for another sequence (a batch's row)."""
+        inner = self.drafter if getattr(self.drafter, "stateless", False) else self.drafter.fork()
+        return ChainTreeDrafter(inner, self.k)
+
     def start(self, prompt: torch.Tensor) -> None:
         self.drafter.start(prompt)
 
@@ -67,6 +74,7 @@ class NGramTreeDrafter:
 
     vocab_size = None
     draft_cost = "per_call"  # k="auto": a lookup costs about the same whatever the depth
+    stateless = True  # keeps nothing between calls: one object serves every row of a batch
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4, depth: int = 8, nodes: int = 16):
         check_ngram_range(max_ngram, min_ngram)
@@ -161,6 +169,13 @@ class ModelTreeDrafter:
 
     def share_cache(self, target: CachedLM) -> None:
         self.states.offer(self.lm, target)
+
+    def fork(self) -> ModelTreeDrafter:
+        """The same weights and tree shape for another sequence (a batch's row): a cache of its own, reading
+        no target cache (a batch's target cache is not one sequence's)."""
+        twin = copy.copy(self)
+        twin.lm, twin.fed, twin.states = CachedLM(self.model), self.fed[:, :0], TargetStates(False)
+        return twin
 
     def start(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
