@@ -51,6 +51,12 @@ from .tree import TreeDraft, prune_tree
 # input -----------------------------------------------------------------------------------------------
 
 
+def batched(input_ids: torch.Tensor | Rows, attention_mask: torch.Tensor | None = None) -> bool:
+    """Several prompts: a list, a tensor of other than one row, or any tensor with an attention mask."""
+    return not isinstance(input_ids, torch.Tensor) or attention_mask is not None or (
+        input_ids.dim() == 2 and input_ids.shape[0] != 1)
+
+
 def batch_rows(input_ids: torch.Tensor | Rows, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The prompts as rows (1, L_b): a list of token id lists or 1D tensors, or a (B, L) tensor with an
     attention mask of 1 for tokens and 0 for padding (left or right padding; no holes)."""

@@ -41,6 +41,7 @@ from .batch import (
     RowProposals,
     batch_drafter,
     batch_rows,
+    batched,
     check_batch,
 )
 from .batch_cache import BatchedLM
@@ -201,12 +202,6 @@ def observe(stats: Stats, rule: Rule, round: Round, state: Sequence | Batch, tre
     rule.observe(round)
 
 
-def batched(input_ids: torch.Tensor | list, attention_mask: torch.Tensor | None) -> bool:
-    """Several prompts (a list, a tensor of more than one row, or any tensor with an attention mask)."""
-    return not isinstance(input_ids, torch.Tensor) or attention_mask is not None or (
-        input_ids.dim() == 2 and input_ids.shape[0] != 1)
-
-
 def decode(
     target: PreTrainedModel,
     drafter: Drafter,
@@ -240,7 +235,8 @@ def decode(
         check_batch(target, prompts, max_new_tokens)
         check_batch_rule(rule)
         lm = BatchedLM(target)
-        drafter, acceptance = batch_drafter(drafter), PerRow(acceptance)
+        drafter = batch_drafter(drafter)
+        acceptance = acceptance if isinstance(acceptance, PerRow) else PerRow(acceptance)  # a batched rule as given
     else:
         check_generation_args(target, input_ids, max_new_tokens)
         lm = cache if cache is not None else CachedLM(target)

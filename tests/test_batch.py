@@ -1,0 +1,312 @@
+"""Batched decoding (specdec.batch): every row exact on its own, greedy equal to the row decoded alone,
+caches equal to a recomputation, wrong batched rules caught, bad input refused.
+
+Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue
+
+from specdec import (
+    GREEDY,
+    BlockVerification,
+    DraftSwitch,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NGramDrafter,
+    NGramTreeDrafter,
+    Sampling,
+    TokenLevel,
+    TraversalVerification,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
+from specdec.batch import BatchCostModel, PerRow, batch_rows
+from specdec.batch_cache import BatchedLM, left_padded
+from specdec.cached import CachedLM
+from specdec.exact import sequence_distribution, sequence_index
+from specdec.sampling import sample
+from specdec.speculative import residual
+from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+
+PROMPTS = [[0, 5, 3, 7, 5, 3], [0, 9], [0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4]]  # lengths 6, 2, 11
+N_NEW = 24
+
+
+def hf_alone(model, prompt, n):
+    """The target's own greedy generate for one row alone."""
+    ids = torch.tensor([prompt])  # (no pad_token_id: these prompts start with token 0, which it would mask)
+    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, ids.shape[-1] :]
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch_pair(request):
+    target = tiny_model(request.param, seed=0, scale=20.0)
+    return request.param, target, perturbed_copy(target, 0.15)
+
+
+BATCH_METHODS = {
+    "chain-k4": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k=4, **kw),
+    "chain-auto": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k="auto", **kw),
+    "tree": lambda t, d, prompts, **kw: tree_generate(t, ModelTreeDrafter(d, branches=(2, 2), depth=4), prompts, **kw),
+    "ngram-tree": lambda t, d, prompts, **kw: tree_generate(t, NGramTreeDrafter(), prompts, k=4, **kw),
+}
+
+
+@pytest.mark.parametrize("method", BATCH_METHODS)
+def test_every_row_equals_the_target_alone(arch_pair, method):
+    """Rows of lengths 6, 2 and 11 in one batch: each row's greedy output is the target's own generate for it."""
+    arch, target, draft = arch_pair
+    out = BATCH_METHODS[method](target, draft, PROMPTS, sampling=GREEDY, max_new_tokens=N_NEW)
+    for b, prompt in enumerate(PROMPTS):
+        assert torch.equal(out.tokens[b], hf_alone(target, prompt, N_NEW)), (arch, method, b)
+    assert out.stats.extras["passes"] < N_NEW or method == "chain-auto"  # drafts were accepted
+
+
+def test_a_row_ending_early_leaves_the_batch(arch_pair):
+    """One row meets an end token early; it stops there and the others still equal the target's output."""
+    arch, target, draft = arch_pair
+    alone = [hf_alone(target, p, N_NEW) for p in PROMPTS]
+    eos = int(alone[1][3])  # row 1's fourth token ends it
+    out = speculative_generate(target, ModelDrafter(draft), PROMPTS, k=3, sampling=GREEDY, max_new_tokens=N_NEW,
+                               eos_token_id=eos)  # fmt: skip
+    for b in range(len(PROMPTS)):
+        ends = (alone[b] == eos).nonzero()
+        expected = alone[b][: int(ends[0]) + 1] if ends.numel() else alone[b]
+        assert torch.equal(out.tokens[b], expected), (arch, b)
+    assert out.tokens[1].numel() == 4
+    assert out.rows[1].target_forwards < out.stats.extras["passes"]  # it left before the others finished
+
+
+def test_tensor_input_with_an_attention_mask_matches_the_list(arch_pair):
+    """(B, L) left-padded ids with their mask give what the list of rows gives."""
+    _, target, draft = arch_pair
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    a = speculative_generate(target, ModelDrafter(draft), ids, attention_mask=mask, k=3, sampling=GREEDY,
+                             max_new_tokens=10)  # fmt: skip
+    b = speculative_generate(target, ModelDrafter(draft), PROMPTS, k=3, sampling=GREEDY, max_new_tokens=10)
+    assert all(torch.equal(x, y) for x, y in zip(a.tokens, b.tokens))
+
+
+def test_batched_target_only_equals_the_rows_alone(arch_pair):
+    _, target, _ = arch_pair
+    out = autoregressive_generate(target, PROMPTS, sampling=GREEDY, max_new_tokens=N_NEW)
+    for b, prompt in enumerate(PROMPTS):
+        assert torch.equal(out.tokens[b], hf_alone(target, prompt, N_NEW))
+    assert out.stats.extras["passes"] == N_NEW and out.stats.emitted == len(PROMPTS) * N_NEW
+
+
+# Cache state.
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cache_after_ragged_rounds_equals_a_recomputation(arch):
+    """Random proposals, random accepted prefixes per row, a row leaving, compactions: every row's live keys
+    and values equal those of a fresh pass over that row's sequence alone (sliding windows of 6 passed)."""
+    model = tiny_model(arch, seed=0, scale=4.0)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, 32, (1, n), generator=g) for n in (3, 7, 1)]
+    lm = BatchedLM(model)
+    lm.prefill(rows)
+    for round_ in range(14):
+        lengths = lm.lengths().tolist()
+        fed = [torch.cat([r[0, -1:], torch.randint(1, 32, (3,), generator=g)]) for r in rows]
+        tokens, positions = left_padded(fed, lengths, lm.device)
+        lm.forward(tokens, positions)
+        kept = [list(range(1 + int(torch.randint(0, 4, (), generator=g)))) for _ in rows]
+        lm.keep(4, kept)
+        rows = [torch.cat([r, fed[b][1 : len(kept[b])][None], torch.randint(1, 32, (1, 1), generator=g)], dim=-1)
+                for b, r in enumerate(rows)]  # fmt: skip
+        if round_ == 6:
+            lm.select([2, 0])
+            rows = [rows[2], rows[0]]
+        if round_ == 10:
+            lm.compact()
+            assert lm.slots == int(lm.lengths().max())  # dead slots gone
+    for b, row in enumerate(rows):
+        fresh = CachedLM(model)
+        fresh.forward(row[:, :-1])
+        live = lm.positions[b] >= 0
+        assert lm.lengths()[b] == row.shape[-1] - 1
+        order = lm.positions[b][live].argsort()
+        for mine, theirs in zip(lm.cache.layers, fresh.cache.layers):
+            keys = mine.keys[b][:, live][:, order]  # (H, L, D) in position order
+            values = mine.values[b][:, live][:, order]
+            window = theirs.keys.shape[-2]  # a sliding layer holds only its window
+            torch.testing.assert_close(keys[:, -window:], theirs.keys[0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(values[:, -window:], theirs.values[0], atol=1e-5, rtol=1e-4)
+
+
+# Exactness under sampling, row by row.
+
+CHI_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4], [2, 2, 0, 1]]  # three different prompts, lengths 8, 1, 4
+N_TOKENS = 3
+
+
+def row_counts(generate, n=N_SAMPLES, seed=5, vocab=5):
+    """Histograms (B, V^n) of each row's continuation over n batched generations."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(len(CHI_PROMPTS), vocab**N_TOKENS, dtype=torch.float64)
+    for _ in range(n):
+        out = generate(g)
+        for b, tokens in enumerate(out.tokens):
+            counts[b, sequence_index(tokens, vocab)] += 1
+    return counts
+
+
+def row_pvalues(counts, model, sampling):
+    return [chi_square_pvalue(counts[b], sequence_distribution(model, torch.tensor([p]), N_TOKENS, sampling))
+            for b, p in enumerate(CHI_PROMPTS)]  # fmt: skip
+
+
+def chain(k="auto", acceptance=None):
+    def run(target, draft, sampling, g):
+        return speculative_generate(target, ModelDrafter(draft), CHI_PROMPTS, k=k, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance)  # fmt: skip
+    return run
+
+
+def tree(acceptance=None, children="iid"):
+    def run(target, draft, sampling, g):
+        drafter = ModelTreeDrafter(draft, branches=(2, 2), depth=2, children=children)
+        return tree_generate(target, drafter, CHI_PROMPTS, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+                             acceptance=acceptance)  # fmt: skip
+    return run
+
+
+CHI_CASES = [
+    pytest.param(chain(2), Sampling(1.0), id="chain-T1"),
+    pytest.param(chain("auto"), Sampling(0.5), id="auto-T0.5", marks=pytest.mark.exhaustive),
+    pytest.param(chain(2, BlockVerification()), Sampling(1.5), id="block-T1.5", marks=pytest.mark.exhaustive),
+    pytest.param(chain(2), Sampling(1.0, top_k=3), id="chain-topk", marks=pytest.mark.exhaustive),
+    pytest.param(tree(), Sampling(1.0, top_p=0.8), id="tree-topp", marks=pytest.mark.exhaustive),
+    pytest.param(tree(TraversalVerification(), "distinct"), Sampling(1.5), id="traversal-T1.5",
+                 marks=pytest.mark.exhaustive),
+    pytest.param(tree(children="distinct"), Sampling(0.5, top_k=4, top_p=0.9), id="tree-T0.5-topk-topp"),
+]
+
+
+@pytest.mark.parametrize("run, sampling", CHI_CASES)
+def test_every_row_has_the_target_distribution(small_vocab_pair, run, sampling):
+    """B = 3 rows with different prompts: each row's continuations fit the target's distribution for that
+    prompt, not the draft's (two cases in `make test`, the others in `make test-all`)."""
+    target, draft = small_vocab_pair
+    counts = row_counts(lambda g: run(target, draft, sampling, g))
+    assert min(row_pvalues(counts, target, sampling)) > PASS / len(CHI_PROMPTS)
+    assert max(row_pvalues(counts, draft, sampling)) < REJECT
+
+
+# Power: wrong batched rules are caught.
+
+
+class CutToShortest(PerRow):
+    """Wrong: every row cut to the batch's shortest accepted length, keeping the token it drew after its own
+    accepted length (no new draw at the cut)."""
+
+    def accept(self, p, proposals, generator):
+        paths, tokens = super().accept(p, proposals, generator)
+        shortest = min(map(len, paths))
+        return [path[:shortest] for path in paths], tokens
+
+
+class SharedDraws(PerRow):
+    """Wrong: one acceptance uniform per draft position, shared by every row."""
+
+    def accept(self, p, proposals, generator):
+        r = torch.rand(proposals.size, generator=generator)
+        paths, tokens = [], []
+        for p_b, draft in zip(p, proposals.rows):
+            k = draft.size
+            i = torch.arange(k)
+            n = int((r[:k] < p_b[i, draft.tokens] / draft.q[i, draft.tokens]).long().cumprod(0).sum())
+            nxt = residual(p_b[n], draft.q[n]) if n < k else p_b[k]
+            paths.append(list(range(n)))
+            tokens.append(sample(nxt[None], generator))
+        return paths, tokens
+
+
+def with_rule(acceptance):
+    """speculative_generate with a batched rule in place of PerRow(TokenLevel())."""
+
+    def run(target, draft, prompts, sampling, g):
+        return speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance(TokenLevel()))
+    return run
+
+
+def test_cutting_rows_to_the_shortest_is_caught(small_vocab_pair):
+    target, draft = small_vocab_pair
+    run = with_rule(CutToShortest)
+    counts = row_counts(lambda g: run(target, draft, CHI_PROMPTS, Sampling(1.0), g))
+    assert min(row_pvalues(counts, target, Sampling(1.0))) < REJECT
+
+
+def joint_first_tokens(run, target, draft, n=N_SAMPLES, vocab=5):
+    """Counts (V * V,) of the first tokens of two rows with the same prompt, and their exact joint if independent."""
+    prompts = [[1, 2, 3, 1], [1, 2, 3, 1]]
+    g = torch.Generator().manual_seed(3)
+    counts = torch.zeros(vocab * vocab, dtype=torch.float64)
+    for _ in range(n):
+        out = run(target, draft, prompts, Sampling(1.0), g)
+        counts[int(out.tokens[0][0]) * vocab + int(out.tokens[1][0])] += 1
+    p = sequence_distribution(target, torch.tensor([prompts[0]]), 1, Sampling(1.0))  # (V,)
+    return counts, (p[:, None] * p[None, :]).flatten()
+
+
+def test_one_draw_shared_by_all_rows_is_caught_and_per_row_draws_are_not(small_vocab_pair):
+    """Shared uniforms keep each row's marginal exact but couple the rows: two rows with one prompt then
+    disagree with independent target samples; PerRow's own draws do not."""
+    target, draft = small_vocab_pair
+    counts, independent = joint_first_tokens(with_rule(SharedDraws), target, draft)
+    assert chi_square_pvalue(counts, independent) < REJECT
+    counts, independent = joint_first_tokens(with_rule(PerRow), target, draft)
+    assert chi_square_pvalue(counts, independent) > PASS
+
+
+# k for a batch.
+
+
+def test_auto_k_stops_speculating_where_the_pass_costs_its_width():
+    """Fake costs: a pass costs its total token count, a draft step is nearly free and a_i = 0.9. At one row
+    drafting pays; at 16 rows, where a pass over R (k + 1) tokens costs R (k + 1), E(k) / C(k) is largest at
+    k = 0 once the pass's width dominates."""
+    model = BatchCostModel(k_max=6, draft_cost="per_token")
+    for rows in (1, 16):
+        for width in (1, 2, 3, 5, 7):
+            model.record_pass(rows * width, 0.001 * (10 if rows == 1 else rows * width))
+        model.record_batch_draft(rows, 1, 1e-5)
+    model.plain_timed = True
+    model.overlap_sum, model.overlap_weight = [0.9 * 50] * 6, [50.0] * 6
+    model.rows = 1
+    assert model.choose(20).k >= 3
+    model.rows = 16
+    assert model.choose(20).k == 0
+
+
+# Bad input.
+
+
+def test_bad_batches_are_refused():
+    target = tiny_model("llama")
+    ids = torch.tensor([[0, 1, 2], [0, 3, 4]])
+    with pytest.raises(ValueError, match="attention mask has shape"):
+        speculative_generate(target, ModelDrafter(target), ids, attention_mask=torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch size 0"):
+        speculative_generate(target, ModelDrafter(target), [])
+    with pytest.raises(ValueError, match="padding between tokens"):
+        batch_rows(ids, torch.tensor([[1, 0, 1], [1, 1, 1]]))
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        batch_rows([[1, 2], []])
+    switch = DraftSwitch({"model": ModelDrafter(target), "ngram": NGramDrafter()})
+    with pytest.raises(ValueError, match="DraftSwitch.*does not batch"):
+        speculative_generate(target, switch, ids, k=2)
+    with pytest.raises(ValueError, match="k='auto' for token trees"):
+        tree_generate(target, NGramTreeDrafter(), ids, k="auto")
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        speculative_generate(target, ModelDrafter(target), ids, max_new_tokens=300)
