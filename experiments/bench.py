@@ -290,7 +290,8 @@ def bench(cfg: DictConfig) -> dict:
     b = cfg.bench
     started = time.perf_counter()
     one = b.memory_of or b.load_of
-    only = [one] if one else list(b.scaling.contenders) if b.scaling else b.only and [DEFAULT, *b.only]
+    study = b.scaling or b.get("batching")
+    only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
     contenders = contenders_of(cfg, base, Pairs(), only)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
@@ -309,6 +310,8 @@ def bench(cfg: DictConfig) -> dict:
         result.update(machine=machine(first.plan.device), command=command)
         write_result(out, "scaling", result, scaling_table(result))
         return result
+    if b.get("batching"):
+        return batch_study(contenders, prompts, ids, cfg, command, out)
     default = contenders[DEFAULT].setup
     load = None
     if b.load:  # before the comparison, which then runs on a quiet machine again
@@ -327,6 +330,29 @@ def bench(cfg: DictConfig) -> dict:
         result["memory"] = {name: memory_of(name, base, out) for name in result["contenders"]}
     result.update(machine=machine(default.plan.device), command=command)
     table = bench_table(result)
+    write_result(out, "bench", result, table)
+    print(table)
+    return result
+
+
+def batch_study(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=batch: throughput by batch size (experiments.bench_batch), with its goals."""
+    from .bench_batch import batch_table, run_batching
+
+    b = cfg.bench
+    result = run_batching(contenders, [ids[p.id] for p in prompts], b.batching, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, repetitions=b.repetitions, log=lambda s: print(s, flush=True))  # fmt: skip
+    first = next(iter(contenders.values())).setup
+    env = machine(first.plan.device)
+    speculative = result["ratios"][b.batching.speculative]
+    result["batched_vs_target_only"] = speculative
+    result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
+                                    "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
+                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
+    result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
+                            "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
+                  machine=env, command=command)  # fmt: skip
+    table = batch_table(result)
     write_result(out, "bench", result, table)
     print(table)
     return result

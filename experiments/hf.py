@@ -11,8 +11,10 @@ import torch
 from omegaconf import DictConfig
 from transformers import GenerationConfig, PreTrainedModel
 
+from specdec.batch import BatchGeneration
 from specdec.metrics import Generation, Stats
 from specdec.sampling import Sampling
+from specdec.stopping import EosSet, truncate_at_eos
 from specdec.timing import stopwatch
 
 from .pair import Pair
@@ -77,3 +79,31 @@ def hf_generate(
     tokens = out[0, ids.shape[-1] :]
     stats.emitted = tokens.numel()
     return Generation(tokens, stats)
+
+
+def hf_generate_batch(
+    pair: Pair, prompts: list[torch.Tensor], hf: DictConfig, sampling: Sampling, max_new_tokens: int, seed: int,
+    eos: list[int],
+) -> BatchGeneration:
+    """Hugging Face generate on a batch: the prompts left-padded with an attention mask, one call; each row's new
+    tokens up to its first end token. Assisted generation and prompt lookup take one sequence only (transformers
+    refuses a batch), so method=hf at batch_size > 1 is plain generate."""
+    if hf.assistant or hf.prompt_lookup:
+        raise ValueError("Hugging Face assisted generation and prompt lookup do not take a batch (transformers "
+                         "refuses batch size > 1): use hf=plain with batch_size > 1")
+    pad = eos[0] if eos else pair.target.config.pad_token_id or 0
+    config = generation_config(hf, sampling, eos, max_new_tokens, pad)
+    width = max(p.shape[-1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=pair.target.device)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - p.shape[-1] :], mask[b, width - p.shape[-1] :] = p[0], 1
+    stats = Stats()
+    torch.manual_seed(seed)
+    with stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode():
+        out = pair.target.generate(ids, attention_mask=mask, generation_config=config)
+    tokens = [truncate_at_eos(row, EosSet(eos)) for row in out[:, width:]]
+    rows = [Stats(emitted=t.numel(), seconds={"total": stats.seconds["total"]}) for t in tokens]
+    stats.emitted = sum(t.numel() for t in tokens)
+    stats.extras.update(passes=out.shape[-1] - width, rows=len(prompts))
+    return BatchGeneration(tokens, stats, rows, [stats.seconds["total"]] * len(prompts))

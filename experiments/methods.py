@@ -11,12 +11,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import (
+    BatchGeneration,
     BlockVerification,
     Generation,
     TokenLevel,
     TraversalVerification,
     TreeRules,
     autoregressive_generate,
+    batched_draft_then_score,
     draft_then_score,
     speculative_generate,
     tree_generate,
@@ -25,7 +27,7 @@ from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
 from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 
-from .hf import hf_generate
+from .hf import hf_generate, hf_generate_batch
 from .pair import Pair, Pairs, tree_drafter
 from .schema import AUTO
 from .settings import Plan, plan_of
@@ -44,10 +46,14 @@ class Setup:
     # threads=auto: the thread count too), one rule across the run's prompts
 
     def generate(
-        self, method: str, ids: torch.Tensor, max_new_tokens: int, seed: int | None = None, stop_at_eos: bool = True
-    ) -> Generation:
+        self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
+        stop_at_eos: bool = True,
+    ) -> Generation | BatchGeneration:
         """One generation of up to max_new_tokens after ids (1, L), with a fresh generator seeded with seed
-        (default: the run's seed); stop_at_eos=False runs to the budget whatever the tokens."""
+        (default: the run's seed); stop_at_eos=False runs to the budget whatever the tokens. A list of prompts
+        (1, L_b) is one batch (specdec.batch): every method then decodes all of them together."""
+        if isinstance(ids, list):
+            return self.generate_batch(method, ids, max_new_tokens, seed, stop_at_eos)
         plan, pair = self.plan, self.pair
         seed = plan.seed if seed is None else seed
         eos = pair.eos_token_id if stop_at_eos else []
@@ -73,6 +79,38 @@ class Setup:
             pair.target, pair.draft_model, ids, draft_tokenizer=pair.draft_tokenizer, target_tokenizer=pair.tokenizer,
             **common,
         )  # fmt: skip
+
+    def generate_batch(
+        self, method: str, prompts: list[torch.Tensor], max_new_tokens: int, seed: int | None, stop_at_eos: bool
+    ) -> BatchGeneration:
+        """One batch of prompts (1, L_b) decoded together by `method`, every row to its own end."""
+        plan, pair = self.plan, self.pair
+        seed = plan.seed if seed is None else seed
+        eos = pair.eos_token_id if stop_at_eos else []
+        generator = torch.Generator(device=plan.device).manual_seed(seed)
+        rows = [p[0] for p in prompts]
+        common = {"sampling": plan.sampling, "max_new_tokens": max_new_tokens, "eos_token_id": eos or None,
+                  "generator": generator}  # fmt: skip
+        if method == "autoregressive":
+            return autoregressive_generate(pair.target, rows, **common)
+        if method == "speculative" and plan.trees:
+            return tree_generate(pair.target, self.batch_drafter, rows, k=plan.tree_k, k_max=plan.k_max,
+                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
+                                 **common)  # fmt: skip
+        if method == "speculative":
+            return speculative_generate(pair.target, self.batch_drafter, rows, k=plan.k, k_max=plan.k_max,
+                                        phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+        if method == "hf":
+            return hf_generate_batch(pair, prompts, self.hf, plan.sampling, max_new_tokens, seed, eos)
+        return batched_draft_then_score(pair.target, pair.draft_model, rows, **common)
+
+    @property
+    def batch_drafter(self) -> Drafter:
+        """The drafter a batch drafts with: a DraftSwitch's calibrated best candidate (the online choice of the
+        draft is a single-sequence rule), else the run's drafter."""
+        if isinstance(self.drafter, DraftSwitch):
+            return self.drafter.candidates[self.drafter.default]
+        return self.drafter
 
 
 def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:

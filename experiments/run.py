@@ -105,6 +105,39 @@ def prompt_rows(prompt: Prompt, setup: Setup) -> list[dict]:
     return rows
 
 
+def batch_rows_of(prompts: list[Prompt], setup: Setup, batch: int) -> list[dict]:
+    """Run every method on one batch of prompts decoded together; one row per prompt and method, with the
+    row's own counts and latency and the batch's wall time (throughput is every row's tokens over it)."""
+    plan, pair = setup.plan, setup.pair
+    ids = [encode_prompt(pair.tokenizer, p.text, chat=plan.chat) for p in prompts]  # (1, L_b) each
+    outputs, memory = {}, {}
+    for method in plan.methods:
+        with peak_memory(plan.device) as memory[method]:
+            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
+    rows = []
+    for b, prompt in enumerate(prompts):
+        reference = outputs["autoregressive"].tokens[b] if plan.greedy else None
+        for method, out in outputs.items():
+            tokens, stats = out.tokens[b], out.rows[b]
+            rows.append({
+                "prompt_id": prompt.id, "category": prompt.category, "method": method,
+                "prompt_tokens": ids[b].shape[-1], **stats.summary(), **round_means(stats),
+                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
+                **quality(pair, ids[b], tokens, reference),
+                "batch": batch, "batch_size": len(prompts), "batch_seconds": out.stats.seconds["total"],
+                "batch_passes": out.stats.extras.get("passes"),
+                "weights_mb": pair.weights_mb(method), "peak_rss_mb": memory[method].rss_mb,
+                "peak_cuda_mb": memory[method].cuda_mb,
+                "text": pair.tokenizer.decode(tokens, skip_special_tokens=True),
+            })  # fmt: skip
+    return rows
+
+
+def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    """The prompts in order, grouped `size` at a time (the last group may be smaller)."""
+    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+
 def warm_up(prompt: Prompt, setup: Setup) -> None:
     """One short generation per method (allocator, kernels, caches), not recorded."""
     ids = encode_prompt(setup.pair.tokenizer, prompt.text, chat=setup.plan.chat)
@@ -145,6 +178,7 @@ def run_keys(cfg: DictConfig, setup: Setup) -> dict:
         "top_k": cfg.top_k,
         "top_p": float(cfg.top_p),
         "max_new_tokens": cfg.max_new_tokens,
+        "batch_size": cfg.batch_size,
         "seed": cfg.seed,
         "dataset": cfg.dataset.name,
         "device": cfg.device,
@@ -215,11 +249,20 @@ def run_experiment(
     interrupt_on_sigterm()
     try:
         warm_up(prompts[0], setup)
-        for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
-            rows = prompt_rows(prompt, setup)
-            append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
-            logger.log_prompt(index, rows)
-            done += 1
+        if plan.batch_size > 1:
+            groups = batches(prompts, plan.batch_size)
+            for index, group in enumerate(tqdm(groups, desc=f"{name} ({', '.join(methods)})", unit="batch")):
+                rows = batch_rows_of(group, setup, index)
+                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+                for offset in range(len(group)):
+                    logger.log_prompt(done + offset, rows[offset * len(methods) : (offset + 1) * len(methods)])
+                done += len(group)
+        else:
+            for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
+                rows = prompt_rows(prompt, setup)
+                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+                logger.log_prompt(index, rows)
+                done += 1
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))

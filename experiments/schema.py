@@ -160,6 +160,7 @@ class RunConfig:
     top_k: Any = integer(0)
     top_p: Any = MISSING  # checked by specdec.sampling.Sampling
     max_new_tokens: Any = integer(1)
+    batch_size: Any = integer(1, default=1)  # prompts decoded together (specdec.batch); 1: one at a time
     warmup_tokens: Any = integer(1)
     seed: Any = integer(0)
     device: Any = MISSING  # cpu, cuda or cuda:N: checked by settings.check_device

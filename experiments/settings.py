@@ -236,6 +236,9 @@ def validate(cfg: DictConfig) -> None:
     if categories is not None and (isinstance(categories, str) or len(categories) == 0):
         raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
     check_device(str(cfg.device))
+    if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
+        raise ConfigError("batch_size > 1 with a tree takes a fixed depth: k='auto' prices one sequence's trees; "
+                          "set k to an int, or tree=none for chains with k=auto")
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,7 @@ class Plan:
     trees: bool  # the speculative method verifies a token tree per pass (cfg.tree)
     tree_k: int | str | None  # tree_generate's k: "auto", else the tree's own depth (an integer k sets chains)
     longest: int  # the longest draft a round may verify: k_max for k=auto, else the tree's depth or k
+    batch_size: int = 1  # prompts decoded together
 
     @property
     def chain_k(self) -> int | None:
@@ -276,4 +280,5 @@ def plan_of(cfg: DictConfig) -> Plan:
         methods_of(cfg), sampling_of(cfg), cfg.k, cfg.k_max, cfg.max_nodes, cfg.max_new_tokens,
         cfg.warmup_tokens, cfg.seed, str(cfg.device), cfg.threads, cfg.dataset.chat, trees,
         tree_k=AUTO if auto else depth, longest=cfg.k_max if auto else (depth or cfg.k_max) if trees else cfg.k,
+        batch_size=cfg.batch_size,
     )  # fmt: skip

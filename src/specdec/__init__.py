@@ -1,6 +1,7 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
+from .batch import BatchCostModel, BatchGeneration
 from .cost import CostModel, FixedDraftLength
 from .cross_vocab import StringDrafter, TokenIntersectionDrafter
 from .decoding import decode, speculative_generate, tree_generate
@@ -14,7 +15,7 @@ from .metrics import (
     optimal_k,
     walltime_improvement,
 )
-from .naive import draft_then_score
+from .naive import batched_draft_then_score, draft_then_score
 from .online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 from .sampling import GREEDY, Sampling, probabilities
 from .speculative import BlockVerification, Draft, TokenLevel
@@ -26,6 +27,8 @@ from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter
 
 __all__ = [
     "GREEDY",
+    "BatchCostModel",
+    "BatchGeneration",
     "BlockVerification",
     "ChainTreeDrafter",
     "CostModel",
@@ -52,6 +55,7 @@ __all__ = [
     "TreeRules",
     "accepted_length_distribution",
     "autoregressive_generate",
+    "batched_draft_then_score",
     "decode",
     "draft_then_score",
     "expected_tokens",
