@@ -32,6 +32,7 @@ def groups_of(ids: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
 def run_size(contender, ids: list[torch.Tensor], size: int, n: int, seed: int) -> dict:
     """One contender over every row at one batch size: tokens, wall seconds, latency, passes, the outputs."""
     tokens, latency, passes, row_passes, chosen, outputs = 0, [], 0, 0, [], []
+    model = {"predicted_tokens": 0.0, "predicted_seconds": 0.0, "measured_tokens": 0.0, "measured_seconds": 0.0}
     with peak_memory(contender.setup.plan.device) as peak:
         started = time.perf_counter()
         for group in groups_of(ids, size):
@@ -52,6 +53,8 @@ def run_size(contender, ids: list[torch.Tensor], size: int, n: int, seed: int) -
                 row_passes += stats.target_forwards
             tokens += sum(r.numel() for r in rows)
             chosen += list(stats.chosen_k)
+            for key in model:
+                model[key] += getattr(stats, key)
             outputs += [r.tolist() for r in rows]
         seconds = time.perf_counter() - started
     return {
@@ -61,7 +64,14 @@ def run_size(contender, ids: list[torch.Tensor], size: int, n: int, seed: int) -
         "chosen_k_mean": statistics.mean(chosen) if chosen else None,
         "plain_step_share": statistics.mean([k == 0 for k in chosen]) if chosen else None,
         "peak_rss_mb": peak.rss_mb, "peak_cuda_mb": peak.cuda_mb, "outputs": outputs,
+        # the cost model's expected tokens per second over the rounds it predicted, and what they measured
+        "predicted_tokens_per_second": ratio(model["predicted_tokens"], model["predicted_seconds"]),
+        "measured_tokens_per_second": ratio(model["measured_tokens"], model["measured_seconds"]),
     }  # fmt: skip
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
 
 
 def run_batching(

@@ -435,6 +435,11 @@ class BatchCostModel(CostModel):
     def cost(self, k: int) -> float:
         return self.pass_seconds(self.rows * (k + 1)) + self.draft_seconds(k)
 
+    def predicted(self, k: int) -> Choice:
+        """k with the batch's E (every row's E(k): R E(k) tokens) and C_R(k)."""
+        choice = super().predicted(k)
+        return Choice(k, expected_tokens=self.rows * choice.expected_tokens, seconds=choice.seconds)
+
     @property
     def ready(self) -> bool:
         return self.plain_timed and len(self.pass_times) > 1 and len(self.step_times) > 0
