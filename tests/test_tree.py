@@ -206,10 +206,11 @@ def test_tree_wider_than_the_pass_limit():
         tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=10, max_nodes=8)
 
 
-def test_batch_size_above_one_is_refused():
+def test_a_batch_of_one_prompt_twice_gives_it_twice():
     target = tiny_model("llama")
-    with pytest.raises(ValueError, match="batch size 2"):
-        tree_generate(target, NGramTreeDrafter(), PROMPT.repeat(2, 1), sampling=GREEDY, max_new_tokens=4)
+    alone = tree_generate(target, NGramTreeDrafter(), PROMPT, sampling=GREEDY, max_new_tokens=4).tokens
+    out = tree_generate(target, NGramTreeDrafter(), PROMPT.repeat(2, 1), sampling=GREEDY, max_new_tokens=4)
+    assert all(torch.equal(t, alone) for t in out.tokens)
 
 
 def test_backend_without_4d_mask_is_refused():

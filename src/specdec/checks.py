@@ -9,14 +9,12 @@ from .cached import context_length
 
 
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-    """Batch size 1, a non-empty prompt, and room in the model's context for the generation."""
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (1, L), got {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"batch size {input_ids.shape[0]} is not supported: speculative decoding here runs one sequence "
-            "at a time; call the function once per prompt"
-        )
+    """One sequence (1, L) (a batch goes through specdec.batch), a non-empty prompt, and room in the model's
+    context for the generation."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must have shape (1, L) here, got {tuple(input_ids.shape)}: several prompts "
+                         "go as a list or (B, L) with an attention mask to speculative_generate, tree_generate "
+                         "or autoregressive_generate")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
     limit = context_length(model)

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .autoregressive import autoregressive_generate
-from .batch import BatchGeneration, batch_rows
+from .batch import BatchGeneration, batch_rows, batched
 from .batch_cache import BatchedLM, left_padded
 from .metrics import Generation, Stats
 from .quality import continuation_log_probs, token_log_probs
@@ -69,6 +69,12 @@ def draft_then_score(
     """
     cross = draft_tokenizer is not None and target_tokenizer is not None and (
         draft_tokenizer.get_vocab() != target_tokenizer.get_vocab())
+    if batched(input_ids):
+        if cross:
+            raise ValueError("the article's method across two vocabularies takes one prompt at a time: give a (1, L) "
+                             "prompt, or a draft that shares the target's tokenizer for a batch")
+        return batched_draft_then_score(target, draft_model, input_ids, sampling=sampling,
+                                        max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, generator=generator)
     draft_ids = draft_prompt(input_ids, draft_tokenizer, target_tokenizer) if cross else input_ids
     draft_run = autoregressive_generate(  # the draft model alone: its stats call it the target
         draft_model,
