@@ -350,6 +350,8 @@ def batch_study(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictCon
                                     "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
                                    [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
     result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
+                            "baseline": b.batching.baseline, "speculative": b.batching.speculative,
+                            "repetitions": b.repetitions,
                             "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
                   machine=env, command=command)  # fmt: skip
     table = batch_table(result)

@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import (
+    BatchCostModel,
     BatchGeneration,
     BlockVerification,
     Generation,
@@ -23,6 +24,7 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
+from specdec.batch import batch_drafter
 from specdec.decoding import AcceptanceRule
 from specdec.drafters import Drafter
 from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
@@ -30,7 +32,7 @@ from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 from .hf import hf_generate, hf_generate_batch
 from .pair import Pair, Pairs, tree_drafter
 from .schema import AUTO
-from .settings import Plan, plan_of
+from .settings import ConfigError, Plan, plan_of
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Setup:
     acceptance: AcceptanceRule  # how the speculative method's chains or trees are verified (conf/verify/)
     rule: OnlineDraftChoice | OnlineThreadChoice | None = None  # k=auto over a calibrated pair's candidates (and
     # threads=auto: the thread count too), one rule across the run's prompts
+    _batch_rule: BatchCostModel | None = None  # k=auto for batches (batch_rule)
 
     def generate(
         self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
@@ -98,11 +101,22 @@ class Setup:
                                  max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
                                  **common)  # fmt: skip
         if method == "speculative":
-            return speculative_generate(pair.target, self.batch_drafter, rows, k=plan.k, k_max=plan.k_max,
-                                        phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+            return speculative_generate(pair.target, self.batch_drafter, rows, k=self.batch_rule or plan.k,
+                                        k_max=plan.k_max, phase_times=True, acceptance=self.acceptance,
+                                        **common)  # fmt: skip
         if method == "hf":
             return hf_generate_batch(pair, prompts, self.hf, plan.sampling, max_new_tokens, seed, eos)
         return batched_draft_then_score(pair.target, pair.draft_model, rows, **common)
+
+    @property
+    def batch_rule(self) -> BatchCostModel | None:
+        """k=auto for batches of chains: one BatchCostModel for the whole run, so that its timings (keyed by
+        the pass's total tokens and the batch's rows) carry from batch to batch; None for a fixed k."""
+        if self.plan.k != AUTO or self.plan.trees:
+            return None
+        if self._batch_rule is None:
+            self._batch_rule = BatchCostModel(self.plan.k_max, self.batch_drafter.draft_cost)
+        return self._batch_rule
 
     @property
     def batch_drafter(self) -> Drafter:
@@ -120,7 +134,13 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)
     drafter = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter
-    return Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan), online_rule(plan, pair))
+    setup = Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan), online_rule(plan, pair))
+    if plan.batch_size > 1 and "speculative" in plan.methods:
+        try:
+            batch_drafter(setup.batch_drafter)  # refuses what cannot draft for a batch, before any prompt runs
+        except ValueError as e:
+            raise ConfigError(f"batch_size={plan.batch_size}: {e}") from e
+    return setup
 
 
 TREE_RULE = {TokenLevel: TreeRules, BlockVerification: TraversalVerification}  # a chain's rule -> its tree form

@@ -236,6 +236,9 @@ def validate(cfg: DictConfig) -> None:
     if categories is not None and (isinstance(categories, str) or len(categories) == 0):
         raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
     check_device(str(cfg.device))
+    if cfg.batch_size > 1 and cfg.method == Method.HF and (cfg.hf.assistant or cfg.hf.prompt_lookup):
+        raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
+                          "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")
     if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
         raise ConfigError("batch_size > 1 with a tree takes a fixed depth: k='auto' prices one sequence's trees; "
                           "set k to an int, or tree=none for chains with k=auto")

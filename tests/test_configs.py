@@ -123,6 +123,9 @@ def test_unknown_option_lists_the_choices(make_cfg) -> None:
 
 
 BAD = [
+    (["batch_size=0"], "batch_size must be an integer >= 1"),
+    (["batch_size=2", "method=hf", "hf=assisted", "k=4"], "assisted generation and prompt lookup take one sequence"),
+    (["batch_size=2", "tree=model", "k=auto"], "batch_size > 1 with a tree takes a fixed depth"),
     (["k=0"], "k must be an integer >= 1"),
     (["k=2.5"], "k must be an integer"),
     (["k=often"], "k must be an integer >= 1 or 'auto'"),

@@ -198,3 +198,20 @@ def test_cli_sweep_and_report(tmp_path: Path) -> None:
     assert best["k_tried"].astype(str).tolist() == ["2"]  # k=auto has no single k
     scheduled = pd.read_csv(sweep / "report" / "schedule.csv")
     assert scheduled["schedule"].tolist() == ["k=auto"] and scheduled["chosen_k_mean"].notna().all()
+
+
+def test_batched_run_groups_prompts_and_reports_throughput(tmp_path: Path, make_cfg) -> None:
+    """batch_size=2: both prompts in one batch for every method; greedy rows equal target-only's; throughput is
+    every row's tokens over the batch's wall time, and each row keeps its own latency."""
+    run_experiment(make_cfg(*SMOKE, "batch_size=2", "logger=none"), tmp_path)
+    summary, rows = summary_and_rows(tmp_path)
+    assert summary["config"]["batch_size"] == 2
+    assert set(rows["batch"]) == {0} and set(rows["batch_size"]) == {2}
+    assert set(rows["method"]) == {"autoregressive", "speculative", "naive"}
+    spec = rows[rows["method"] == "speculative"]
+    assert (spec["agreement"] == 1.0).all()  # every row exactly the target's greedy output
+    base = rows[rows["method"] == "autoregressive"]
+    throughput = base["emitted"].sum() / base["batch_seconds"].iloc[0]
+    table = pd.read_csv(tmp_path / "summary.csv", index_col=0)
+    assert table.loc["autoregressive", "tokens_per_second"] == pytest.approx(throughput)
+    assert (base["seconds_total"] <= base["batch_seconds"] + 1e-6).all()  # a row's latency is within its batch
