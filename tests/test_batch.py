@@ -25,7 +25,7 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.batch import BatchCostModel, PerRow, batch_rows
+from specdec.batch import BatchCostModel, BatchModelDrafter, PerRow, batch_rows
 from specdec.batch_cache import BatchedLM, left_padded
 from specdec.cached import CachedLM
 from specdec.exact import sequence_distribution, sequence_index
@@ -52,6 +52,8 @@ def arch_pair(request):
 BATCH_METHODS = {
     "chain-k4": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k=4, **kw),
     "chain-auto": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k="auto", **kw),
+    "chain-reads-target": lambda t, d, prompts, **kw: speculative_generate(
+        t, ModelDrafter(d, reads_target_cache=True), prompts, k=3, **kw),
     "tree": lambda t, d, prompts, **kw: tree_generate(t, ModelTreeDrafter(d, branches=(2, 2), depth=4), prompts, **kw),
     "ngram-tree": lambda t, d, prompts, **kw: tree_generate(t, NGramTreeDrafter(), prompts, k=4, **kw),
 }
@@ -310,3 +312,17 @@ def test_bad_batches_are_refused():
         tree_generate(target, NGramTreeDrafter(), ids, k="auto")
     with pytest.raises(ValueError, match="exceeds the model's context"):
         speculative_generate(target, ModelDrafter(target), ids, max_new_tokens=300)
+
+
+def test_a_draft_reading_the_targets_cache_reads_it_and_stays_exact():
+    """BatchModelDrafter(reads_target_cache=True) on a same-shaped draft takes the target's states (no prefill
+    of its own) and gives every row the target's greedy output."""
+    target = tiny_model("gemma3", seed=0, scale=20.0)
+    drafter = BatchModelDrafter(perturbed_copy(target, 0.15), reads_target_cache=True)
+    out = speculative_generate(target, drafter, PROMPTS, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert drafter.target is not None and drafter.synced > 0  # it read the target's cache
+    for b, prompt in enumerate(PROMPTS):
+        assert torch.equal(out.tokens[b], hf_alone(target, prompt, N_NEW))
+    other = BatchModelDrafter(tiny_model("llama", n_layers=3), reads_target_cache=True)  # other shapes: its own
+    speculative_generate(target, other, PROMPTS, k=3, sampling=GREEDY, max_new_tokens=4)
+    assert other.target is None

@@ -289,22 +289,47 @@ class BatchModelDrafter(BatchDrafter):
 
     Each row's unseen tail (its last token, and after a full acceptance or a plain step a few more) is fed
     left-padded in one pass; then k - 1 one-token steps. A rejection only marks the row's dead slots
-    (specdec.batch_cache), so rollback copies nothing. Reading the target's cache (reads_target_cache) is
-    a single-sequence option: batched, the draft computes its own states.
+    (specdec.batch_cache), so rollback copies nothing.
+
+    reads_target_cache=True (a reduced-precision copy of the target, as for ModelDrafter): instead of its
+    own prefill and catch-up passes, before each proposal the draft cache takes the target's cached states,
+    cast to the draft's dtype (only the slots appended since the last copy, unless the target's slots moved),
+    and the draft runs one-token steps only. q is still what each token is sampled from, so every row stays
+    exact; the draft is "the copy, reading the target's states".
     """
 
     draft_cost = "per_token"
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, reads_target_cache: bool = False):
         self.model = model
         self.lm = BatchedLM(model)
         self.vocab_size = self.lm.vocab_size
+        self.reads_target_cache = reads_target_cache
+        self.offered: BatchedLM | None = None  # the target cache the loop handed over for the next batch
+        self.target: BatchedLM | None = None  # the target cache read during this batch
+        self.synced, self.layout = 0, -1  # target slots copied, in the target's layout `layout`
+
+    def share_cache(self, target: BatchedLM) -> None:
+        if self.reads_target_cache and same_shapes(self.model, target.model) and target.device == self.lm.device:
+            self.offered = target
 
     def start(self, prompts: list[torch.Tensor]) -> None:
-        self.lm.prefill(prompts)
+        self.target, self.offered, self.synced, self.layout = self.offered, None, 0, -1
+        if self.target is None:
+            self.lm.prefill(prompts)
+
+    def copy_target(self) -> None:
+        """Make the draft cache hold the target's states for every slot the target holds."""
+        if self.target.layout != self.layout:  # its slots moved (or a first copy): start over
+            self.lm.reset()
+            self.synced, self.layout = 0, self.target.layout
+        self.lm.copy_from(self.target, self.synced)
+        self.synced = self.target.slots
 
     def propose(self, sequences: list[torch.Tensor], k: int, sampling: Sampling, vocab_size: int,
                 generator: torch.Generator | None) -> RowProposals:
+        if self.target is not None:
+            self.copy_target()
         lengths = self.lm.lengths().tolist()
         tokens, positions = left_padded([s[0, n:] for s, n in zip(sequences, lengths)], lengths, self.lm.device)
         logits = self.lm.forward(tokens, positions, last_only=True)[:, -1, :vocab_size]  # (B, V)
@@ -321,10 +346,20 @@ class BatchModelDrafter(BatchDrafter):
         return RowProposals([Draft(x[b], q[b], forwards=k) for b in range(len(sequences))], forwards=k)
 
     def rollback(self, lengths: list[int]) -> None:
-        self.lm.truncate(torch.tensor(lengths))
+        if self.target is None:  # reading the target, the next copy replaces the draft's own slots
+            self.lm.truncate(torch.tensor(lengths))
 
     def select(self, rows: list[int]) -> None:
-        self.lm.select(rows)
+        if self.target is None:  # reading the target, its layout changed: the next copy starts over
+            self.lm.select(rows)
+
+
+def same_shapes(draft: PreTrainedModel, target: PreTrainedModel) -> bool:
+    """Whether the draft's layers can hold the target's states: the same architecture, layers, heads, head size."""
+    a, b = draft.config.get_text_config(), target.config.get_text_config()
+    shape = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim")
+    return all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
 
 
 class RowDrafters(BatchDrafter):
@@ -373,7 +408,7 @@ def batch_drafter(drafter: Drafter | BatchDrafter) -> BatchDrafter:
     if isinstance(drafter, BatchDrafter):
         return drafter
     if type(drafter) is ModelDrafter:
-        return BatchModelDrafter(drafter.model)
+        return BatchModelDrafter(drafter.model, drafter.reads_target_cache)
     if getattr(drafter, "candidates", None) is not None:
         raise ValueError("a DraftSwitch (the draft chosen online among candidates) does not batch yet: give one "
                          "of its candidates as the drafter (the run picks the calibrated best at batch_size > 1)")

@@ -99,6 +99,7 @@ class BatchedLM:
     def reset(self) -> None:
         self.cache = full_cache(self.model)
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.layout = 0  # changes whenever slots move (compaction, rows leaving): a reader must copy afresh
 
     @property
     def rows(self) -> int:
@@ -189,6 +190,7 @@ class BatchedLM:
         for layer in self.cache.layers:
             gather_slots(layer, index)
         self.positions = self.positions.gather(1, index)
+        self.layout += 1
 
     @torch.inference_mode()
     def select(self, rows: list[int]) -> None:
@@ -200,7 +202,20 @@ class BatchedLM:
                 layer.value_buffer = layer.values.index_select(0, index)
                 layer.keys, layer.values = layer.key_buffer, layer.value_buffer
         self.positions = self.positions.index_select(0, index)
+        self.layout += 1
         self.compact_if_sparse()
+
+    @torch.inference_mode()
+    def copy_from(self, other: BatchedLM, start: int) -> None:
+        """Hold other's slots: keep our first `start` (copied from it before, same layout), append its slots
+        from `start` on cast to our dtype, and take its positions (slots it marked dead since are dead here too)."""
+        dtype = self.model.get_input_embeddings().weight.dtype
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            if mine.is_initialized and mine.keys is not None:
+                mine.keys, mine.values = mine.key_buffer[..., :start, :], mine.value_buffer[..., :start, :]
+            if other.slots > start:
+                mine.update(theirs.keys[..., start:, :].to(dtype), theirs.values[..., start:, :].to(dtype))
+        self.positions = other.positions.clone()
 
 
 def gather_slots(layer: GrowingLayer, index: torch.Tensor) -> None:
