@@ -4,6 +4,7 @@ defaults cannot differ between runs, and the draft model's own generation config
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
@@ -62,6 +63,18 @@ def universal(pair: Pair, assistant: PreTrainedModel | None) -> dict[str, object
     return {"tokenizer": pair.tokenizer, "assistant_tokenizer": pair.draft_tokenizer} if drafts_text else {}
 
 
+UAG_COPIES: dict[int, PreTrainedModel] = {}  # id of a draft model -> the copy HF's universal assisted generation gets
+
+
+def uag_assistant(model: PreTrainedModel) -> PreTrainedModel:
+    """The draft as Hugging Face's universal assisted generation takes it: a copy, made once per draft. With two
+    vocabularies transformers' assistant translator replaces the assistant's output layer in place (restricted to
+    the shared tokens), which would break our own loops' later use of the same draft model."""
+    if id(model) not in UAG_COPIES:
+        UAG_COPIES[id(model)] = copy.deepcopy(model)
+    return UAG_COPIES[id(model)]
+
+
 def hf_generate(
     pair: Pair, ids: torch.Tensor, hf: DictConfig, sampling: Sampling, max_new_tokens: int, seed: int, eos: list[int]
 ) -> Generation:
@@ -70,6 +83,8 @@ def hf_generate(
     pad = eos[0] if eos else pair.target.config.pad_token_id or 0
     config = generation_config(hf, sampling, eos, max_new_tokens, pad)
     assistant = pair.draft_model if hf.assistant else None
+    if assistant is not None and universal(pair, assistant):
+        assistant = uag_assistant(assistant)
     schedule = assistant_config(assistant, assistant_generation_config(hf)) if assistant is not None else nullcontext()
     stats = Stats()
     torch.manual_seed(seed)

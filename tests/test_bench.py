@@ -75,7 +75,9 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
     assert "default" in names and {"ar", "hf_assisted", "tree_model_auto", "spec_ngram"} <= names
     assert bench_result["contenders"]["default"]["overrides"] == []  # the default run's own configuration
     assert bench_result["contenders"]["spec_ngram"]["overrides"] == LOOKUP_ON_TINY["spec_ngram"]
-    for key in set(GOALS) - {"default_under_load_vs_target_only", "cross_vocab_vs_hf_uag"}:  # their own benches
+    own_bench = {"default_under_load_vs_target_only", "cross_vocab_vs_hf_uag", "batched_min_vs_target_only",
+                 "batched_b4_vs_target_only"}  # the load scenario, bench=cross, bench=batch
+    for key in set(GOALS) - own_bench:
         assert key in bench_result["ratios"], key
         assert set(bench_result["goals"][key]) >= {"value", "target", "met"}
     assert bench_result["contenders"][bench_result["best_configuration"]]["owner"] == "ours"
@@ -269,3 +271,23 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
     assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
     assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
+
+
+@pytest.mark.exhaustive  # a bench process of its own; `make test-all`
+def test_gpu_batch_study_on_toy_shapes(tmp_path):
+    """bench=gpu_batch's path on toy shapes: every contender at every size, ratios over target-only at the same
+    size, the two batch goals with their flags, greedy rows identical to target-only's at batch 1."""
+    out = bench(tmp_path, "bench=gpu_batch", *TINY, "bench.repetitions=1", "max_new_tokens=6",
+                "bench.batching.sizes=[1,2,4]")  # fmt: skip
+    assert out["sizes"] == [1, 2, 4] and out["rows"] == 4
+    assert set(out["contenders"]) == {"ar", "hf_plain", "default", "default_auto"}
+    for name, ratios in out["ratios"].items():
+        for s in ("1", "2", "4"):
+            expected = out["contenders"][name][s]["tokens_per_second"] / out["contenders"]["ar"][s]["tokens_per_second"]
+            assert ratios[s] == pytest.approx(expected)
+    assert out["batched_vs_target_only"] == out["ratios"]["default_auto"]
+    goals = out["goals"]
+    assert goals["batched_b4_vs_target_only"]["value"] == pytest.approx(out["ratios"]["default_auto"]["4"])
+    assert goals["batched_min_vs_target_only"]["value"] == pytest.approx(min(out["ratios"]["default_auto"].values()))
+    assert all(out["agreement"][name][s] == 1.0 for name in ("ar", "default", "default_auto") for s in ("1", "2", "4"))
+    assert "ratio to target-only" in (tmp_path / "bench.md").read_text()

@@ -179,6 +179,7 @@ class Batch:
         """The finished batch: counts summed over rows, each row's latency and emitted tokens."""
         for b, row in enumerate(self.stats):
             row.emitted = self.emitted(b)
+            row.seconds.update({phase: t for phase, t in stats.seconds.items() if phase != "total"})  # shared
             row.seconds["total"] = self.latency[b]
         stats.emitted = sum(row.emitted for row in self.stats)
         stats.extras.update(passes=len(stats.chosen_k) or stats.extras.get("passes", 0), rows=len(self.stats))
@@ -496,7 +497,8 @@ class BatchGeneration:
     stats counts over all rows: emitted is the batch's tokens, target_forwards the row-passes (a pass over R
     rows counts R), so mean_accepted_length is the tokens per pass of one row; extras["passes"] is the
     number of target passes and stats.tokens_per_second the batch's throughput. latency[b]: seconds from
-    the call's start to row b's last token.
+    the call's start to row b's last token (rows[b].seconds["total"]); a row's other phase times
+    (prefill, draft, verify) are the batch's, which all its rows shared.
     """
 
     tokens: list[torch.Tensor]
