@@ -13,6 +13,7 @@ from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue
 from specdec import (
     GREEDY,
     BlockVerification,
+    CostModel,
     DraftSwitch,
     ModelDrafter,
     ModelTreeDrafter,
@@ -319,6 +320,8 @@ def test_bad_batches_are_refused():
         tree_generate(target, NGramTreeDrafter(), ids, k="auto")
     with pytest.raises(ValueError, match="exceeds the model's context"):
         speculative_generate(target, ModelDrafter(target), ids, max_new_tokens=300)
+    with pytest.raises(TypeError, match="CostModel chooses k for one sequence.*BatchCostModel"):
+        speculative_generate(target, ModelDrafter(target), ids, k=CostModel(4))
 
 
 def test_a_draft_reading_the_targets_cache_reads_it_and_stays_exact():

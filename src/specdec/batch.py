@@ -46,7 +46,7 @@ from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .speculative import Draft
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
-from .tree import TreeDraft, prune_tree
+from .tree import TreeDraft
 
 # input -----------------------------------------------------------------------------------------------
 

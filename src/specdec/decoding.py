@@ -286,7 +286,7 @@ def accepted_tokens(verified: Proposal | RowProposals, path, device: torch.devic
 def check_batch_rule(rule: Rule) -> None:
     """A batch needs a rule that prices passes over several rows (or none: a fixed k)."""
     if not isinstance(rule, FixedDraftLength | BatchCostModel):
-        raise ValueError(
+        raise TypeError(
             f"{type(rule).__name__} chooses k for one sequence; a batch takes a fixed k or k='auto' "
             "(a BatchCostModel, which prices passes over all rows)"
         )
