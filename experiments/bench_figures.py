@@ -107,7 +107,10 @@ def cost_figures(
     """
     pass_ms = {w: forward_ms(target, prefix, w) for w in pass_widths(k, max_width)}
     target_ms = pass_ms[1]
-    draft_ms = forward_ms(draft, prefix, 1) if draft is not None else float("nan")
+    # a draft with another vocabulary cannot read the target's ids: time its step on ids it has (the time of a
+    # forward does not depend on which ids)
+    draft_prefix = prefix % draft.get_input_embeddings().num_embeddings if draft is not None else None
+    draft_ms = forward_ms(draft, draft_prefix, 1) if draft is not None else float("nan")
     return {
         "context_tokens": prefix.shape[-1],
         "target_step_ms": target_ms,
