@@ -296,9 +296,8 @@ def test_gpu_batch_study_on_toy_shapes(tmp_path):
 
 def test_cost_figures_time_a_draft_with_another_vocabulary():
     """bench=cross: the target's ids are out of the draft's range; the draft step is timed on ids it has."""
-    from specdec.tiny import tiny_model
-
     from experiments.bench_figures import cost_figures
+    from specdec.tiny import tiny_model
 
     target, draft = tiny_model("llama", vocab_size=64), tiny_model("llama", vocab_size=32)
     figures = cost_figures(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
