@@ -25,7 +25,8 @@ from specdec import (
     tree_generate,
 )
 from specdec.batch import batch_drafter
-from specdec.decoding import AcceptanceRule
+from specdec.cost import Rule
+from specdec.decoding import AcceptanceRule, draft_rule
 from specdec.drafters import Drafter
 from specdec.online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 
@@ -47,6 +48,7 @@ class Setup:
     rule: OnlineDraftChoice | OnlineThreadChoice | None = None  # k=auto over a calibrated pair's candidates (and
     # threads=auto: the thread count too), one rule across the run's prompts
     _batch_rule: BatchCostModel | None = None  # k=auto for batches (batch_rule)
+    _run_rule: Rule | None = None  # k=auto with one drafter (run_rule)
 
     def generate(
         self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
@@ -66,14 +68,15 @@ class Setup:
         if method == "autoregressive":
             return autoregressive_generate(pair.target, ids, **common)
         if method == "speculative" and plan.trees:
-            return tree_generate(pair.target, self.drafter, ids, k=plan.tree_k, k_max=plan.k_max,
+            return tree_generate(pair.target, self.drafter, ids, k=self.run_rule or plan.tree_k, k_max=plan.k_max,
                                  max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
                                  **common)  # fmt: skip
         if method == "speculative":
             threads = torch.get_num_threads()
             try:  # an OnlineThreadChoice sets the count each round; the other methods keep the run's
-                return speculative_generate(pair.target, self.drafter, ids, k=self.rule or plan.k, k_max=plan.k_max,
-                                            phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+                return speculative_generate(pair.target, self.drafter, ids, k=self.rule or self.run_rule or plan.k,
+                                            k_max=plan.k_max, phase_times=True, acceptance=self.acceptance,
+                                            **common)  # fmt: skip
             finally:
                 torch.set_num_threads(threads)
         if method == "hf":
@@ -107,6 +110,20 @@ class Setup:
         if method == "hf":
             return hf_generate_batch(pair, prompts, self.hf, plan.sampling, max_new_tokens, seed, eos)
         return batched_draft_then_score(pair.target, pair.draft_model, rows, **common)
+
+    @property
+    def run_rule(self) -> Rule | None:
+        """k=auto with one drafter: one cost model (a TreeCostModel for trees) for the whole run, so that what
+        it measured on earlier prompts (pass times, draft times, acceptance) prices the next prompt's rounds
+        instead of a warm-up at k_max on every prompt; None for a fixed k and for a calibrated pair's
+        candidates (whose OnlineDraftChoice, `rule`, already spans the run). It still reads only finished
+        rounds, so every output stays exact."""
+        if self.plan.k != AUTO or self.rule is not None or isinstance(self.drafter, DraftSwitch):
+            return None
+        if self._run_rule is None:
+            self._run_rule = draft_rule(AUTO, self.plan.k_max, self.drafter, trees=self.plan.trees,
+                                        max_nodes=self.plan.max_nodes)  # fmt: skip
+        return self._run_rule
 
     @property
     def batch_rule(self) -> BatchCostModel | None:
