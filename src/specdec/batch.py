@@ -40,13 +40,13 @@ from transformers import PreTrainedModel
 from .batch_cache import DEAD, BatchedLM, left_padded
 from .cached import context_length
 from .cost import Choice, CostModel, RecentTimes
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, ModelDrafter, same_shapes
 from .metrics import Generation, Stats
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
 from .speculative import Draft
 from .stopping import EosSet, truncate_at_eos
 from .timing import stopwatch
-from .tree import TreeDraft
+from .tree import TreeDraft, ancestry
 
 # input -----------------------------------------------------------------------------------------------
 
@@ -187,15 +187,6 @@ class Batch:
 
 
 # proposals and their scoring -------------------------------------------------------------------------
-
-
-def ancestry(parents: list[int]) -> torch.Tensor:
-    """(n, n) bool: [i, j] when node j is node i or one of its ancestors (parents -1: the root)."""
-    seen = torch.eye(len(parents), dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            seen[i] |= seen[parent]
-    return seen
 
 
 @dataclass
@@ -355,14 +346,6 @@ class BatchModelDrafter(BatchDrafter):
             self.lm.select(rows)
 
 
-def same_shapes(draft: PreTrainedModel, target: PreTrainedModel) -> bool:
-    """Whether the draft's layers can hold the target's states: the same architecture, layers, heads, head size."""
-    a, b = draft.config.get_text_config(), target.config.get_text_config()
-    shape = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-             "head_dim")
-    return all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
-
-
 class RowDrafters(BatchDrafter):
     """Any single-sequence drafter, one copy per row (fork), each proposing for its own row: prompt lookup
     and the tree drafters. A model drafter copied this way drafts its rows one after another; the target's
@@ -443,7 +426,6 @@ class BatchCostModel(CostModel):
         if self.draft_cost == "per_call" or steps:
             unit = seconds if self.draft_cost == "per_call" else seconds / steps
             self.step_times.setdefault(rows, RecentTimes(self.window, self.max_age)).add(self.round, unit)
-            self.draft_times.add(self.round, unit)
 
     def observe(self, round) -> None:
         """A finished batch round: its rows, draft steps, pass width and every row's beta_i."""

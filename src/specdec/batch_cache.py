@@ -30,7 +30,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cached import GrowingLayer, logits_width
-from .tree import MASKED_BACKENDS
+from .tree import check_masked_backend, model_mask
 
 DEAD = -1  # the position of a slot that holds no token of its row
 
@@ -58,24 +58,6 @@ def full_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
-def check_batch_backend(model: PreTrainedModel) -> None:
-    """Batched decoding passes 4D masks, which only some attention implementations take."""
-    backend = model.config._attn_implementation
-    if backend not in MASKED_BACKENDS:
-        raise ValueError(
-            f"batched decoding needs a 4D attention mask, which attn_implementation={backend!r} does not take: "
-            "load the model with attn_implementation='sdpa' (or 'eager'), or decode one sequence at a time"
-        )
-
-
-def model_mask(seen: torch.Tensor, model: PreTrainedModel) -> torch.Tensor:
-    """(B, q, kv) bool -> (B, 1, q, kv): bool for SDPA, additive float (0 / dtype min) for eager attention."""
-    if model.config._attn_implementation == "sdpa":
-        return seen[:, None]
-    mask = torch.zeros(seen.shape, dtype=model.dtype, device=seen.device)
-    return mask.masked_fill_(~seen, torch.finfo(model.dtype).min)[:, None]
-
-
 def causal_ancestry(rows: int, width: int, device: torch.device) -> torch.Tensor:
     """(B, n, n) bool: each new token sees the new tokens before it and itself (a chain in every row)."""
     return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(rows, width, width)
@@ -89,7 +71,7 @@ class BatchedLM:
     """
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
-        check_batch_backend(model)
+        check_masked_backend(model, "batches", "decode one sequence at a time")
         self.model = model
         self.vocab_size = vocab_size or logits_width(model)
         self.device = model.device

@@ -163,12 +163,16 @@ class TargetStates:
 def can_read_cache(draft: CachedLM, target: CachedLM) -> bool:
     """Whether the draft's cache layers can hold the target's states: every layer a full-attention
     GrowingLayer in both (no sliding windows) and the same architecture and sizes (layers, heads, head size)."""
-    a, b = draft.model.config.get_text_config(), target.model.config.get_text_config()
+    full = all(type(layer) is GrowingLayer for lm in (draft, target) for layer in lm.cache.layers)
+    return same_shapes(draft.model, target.model) and full and draft.device == target.device
+
+
+def same_shapes(draft: PreTrainedModel, target: PreTrainedModel) -> bool:
+    """Whether the draft's layers can hold the target's states: the same architecture, layers, heads, head size."""
+    a, b = draft.config.get_text_config(), target.config.get_text_config()
     shape = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "head_dim")
-    same = all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
-    full = all(type(layer) is GrowingLayer for lm in (draft, target) for layer in lm.cache.layers)
-    return same and full and draft.device == target.device
+    return all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
 
 
 @torch.inference_mode()

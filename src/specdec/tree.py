@@ -62,12 +62,17 @@ class TreeDraft:
 
     def ancestors(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
-        n = self.size
-        seen = torch.eye(n, dtype=torch.bool)
-        for i, parent in enumerate(self.parents.tolist()):
-            if parent >= 0:
-                seen[i] |= seen[parent]
-        return seen.to(self.tokens.device)
+        return ancestry(self.parents.tolist()).to(self.tokens.device)
+
+
+def ancestry(parents: list[int]) -> torch.Tensor:
+    """(n, n) bool: [i, j] when node j is node i or one of its ancestors (parents in topological order, -1: the
+    root)."""
+    seen = torch.eye(len(parents), dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            seen[i] |= seen[parent]
+    return seen
 
 
 def empty_tree(vocab_size: int, device: torch.device | str) -> TreeDraft:
@@ -129,11 +134,16 @@ def check_tree(tree: TreeDraft, max_nodes: int | None = None) -> None:
 
 def check_tree_backend(model: PreTrainedModel) -> None:
     """Trees need an attention implementation that takes a 4D mask."""
+    check_masked_backend(model, "token trees", "decode with a chain (speculative_generate)")
+
+
+def check_masked_backend(model: PreTrainedModel, what: str, otherwise: str) -> None:
+    """`what` passes 4D attention masks, which only MASKED_BACKENDS take; the error names the fix (or `otherwise`)."""
     backend = model.config._attn_implementation
     if backend not in MASKED_BACKENDS:
         raise ValueError(
-            f"token trees need a 4D attention mask, which attn_implementation={backend!r} does not take: load "
-            "the model with attn_implementation='sdpa' (or 'eager'), or decode with a chain (speculative_generate)"
+            f"{what} need a 4D attention mask, which attn_implementation={backend!r} does not take: load "
+            f"the model with attn_implementation='sdpa' (or 'eager'), or {otherwise}"
         )
 
 
@@ -175,12 +185,16 @@ def layer_kinds(lm: CachedLM) -> dict[str, tuple[int, int | None]]:
 
 
 def as_model_mask(seen: torch.Tensor, model: PreTrainedModel) -> torch.Tensor:
-    """(q, kv) bool -> (1, 1, q, kv): bool for SDPA, additive float (0 / dtype min) for eager attention."""
+    """(q, kv) bool -> (1, 1, q, kv) (see model_mask)."""
+    return model_mask(seen[None], model)
+
+
+def model_mask(seen: torch.Tensor, model: PreTrainedModel) -> torch.Tensor:
+    """(B, q, kv) bool -> (B, 1, q, kv): bool for SDPA, additive float (0 / dtype min) for eager attention."""
     if model.config._attn_implementation == "sdpa":
-        return seen[None, None]
-    dtype = model.dtype
-    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+        return seen[:, None]
+    mask = torch.zeros(seen.shape, dtype=model.dtype, device=seen.device)
+    return mask.masked_fill_(~seen, torch.finfo(model.dtype).min)[:, None]
 
 
 def tree_logits(lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft) -> torch.Tensor:
