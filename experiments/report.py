@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from specdec.metrics import optimal_k, walltime_improvement
+from specdec.theory import optimal_k, walltime_improvement
 
-from .figures import sweep_figures
 from .records import markdown_table
+from .run.figures import sweep_figures
 
 RUN_COLUMNS = [  # run table: settings, then measurements
     "model", "draft_quantization", "target_quantization", "schedule", "temperature", "top_p", "dataset",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.tiny import tiny_model
+from specdec.runtime.tiny import tiny_model
 
 HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
 
@@ -83,7 +83,7 @@ def smollm2():
     Not the nf4 copy: without AVX512-BF16 a bitsandbytes 4-bit layer dequantizes its whole weight at every
     call, so that draft costs more than the target. test_models.py checks the quantized copies themselves.
     """
-    from specdec.models import layer_truncated_copy, load_model, load_tokenizer
+    from specdec.runtime.models import layer_truncated_copy, load_model, load_tokenizer
 
     name = "offline:smollm2-135m-instruct"
     target = load_model(name)
@@ -92,9 +92,9 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def gemma3():
-    """The offline Gemma 3 270M (specdec.offline.GEMMA3), its tokenizer and its torch dynamic int8 copy; loaded
+    """The offline Gemma 3 270M (specdec.runtime.offline.GEMMA3), its tokenizer and its torch dynamic int8 copy; loaded
     once per session, by `exhaustive` tests only (the first use downloads 240 MB and converts for ~45 s)."""
-    from specdec.models import load_model, load_tokenizer
+    from specdec.runtime.models import load_model, load_tokenizer
 
     name = "offline:gemma-3-270m"
     return load_model(name), load_tokenizer(name), load_model(name, quantization="dynamic_int8")

@@ -22,8 +22,8 @@ class BareDrafter:
 
 def chain_round(k, drafted, overlaps, seconds):
     """What a rule observes of a chain round that chose k and drafted `drafted` tokens."""
-    from specdec.cost import Choice
-    from specdec.speculative import Draft
+    from specdec.choose.cost import Choice
+    from specdec.draft.proposal import Draft
 
     draft = Draft(torch.zeros(drafted, dtype=torch.long), torch.zeros(drafted, 1))
     return SimpleNamespace(choice=Choice(k), proposed=draft, verified=draft, path=[], overlaps=overlaps,

@@ -4,7 +4,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.sampling import GREEDY, probabilities
-from specdec.speculative import accept, residual
+from specdec.verify.token import accept, residual
 
 
 def gen(seed=0):

@@ -1,4 +1,4 @@
-"""k="auto": the draft length chosen each round by the online cost model (specdec.cost).
+"""k="auto": the draft length chosen each round by the online cost model (specdec.choose.cost).
 
 The rule sees only earlier rounds, so the output keeps the target's distribution (chi-square on a
 5-token vocabulary, model and n-gram drafters) and equals the target's greedy output on every tiny
@@ -24,10 +24,10 @@ from specdec import (
     autoregressive_generate,
     speculative_generate,
 )
-from specdec.cost import Choice
+from specdec.choose.cost import Choice
 from specdec.exact import sequence_distribution, sequence_index
-from specdec.metrics import best_draft_length, expected_tokens
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.theory import best_draft_length, expected_tokens
 
 N_SAMPLES = 600  # each sample is a whole generation; enough to reject the draft's distribution
 NGRAM_PROMPT = torch.tensor([[0, 3, 1, 2, 3, 1, 2, 4, 3, 1]])
@@ -162,7 +162,7 @@ class LoggedCostModel(CostModel):
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
     """Each round chooses k before its target pass, and replaying the earlier observations alone gives
     the same choices: this round's p cannot have influenced its k."""
-    import specdec.speculative as spec
+    import specdec.draft.proposal as spec
 
     target, draft = small_vocab_pair
     rule = LoggedCostModel(k_max=4, clock=RandomClock(3))

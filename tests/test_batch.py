@@ -1,4 +1,4 @@
-"""Batched decoding (specdec.batch): every row exact on its own, greedy equal to the row decoded alone,
+"""Batched decoding (specdec.state): every row exact on its own, greedy equal to the row decoded alone,
 caches equal to a recomputation, wrong batched rules caught, bad input refused.
 
 Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
@@ -26,13 +26,16 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.batch import BatchCostModel, BatchModelDrafter, PerRow, batch_rows
-from specdec.batch_cache import BatchedLM, left_padded
-from specdec.cached import CachedLM
+from specdec.checks import batch_rows
+from specdec.choose.batch_cost import BatchCostModel
+from specdec.draft.batch import BatchModelDrafter
 from specdec.exact import sequence_distribution, sequence_index
+from specdec.runtime.batch_cache import BatchedLM, left_padded
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.sampling import sample
-from specdec.speculative import residual
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.verify.rows import PerRow
+from specdec.verify.token import residual
 
 PROMPTS = [[0, 5, 3, 7, 5, 3], [0, 9], [0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4]]  # lengths 6, 2, 11
 N_NEW = 24

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.bench_figures import pooled_stats
-from experiments.bench_ratios import EQUAL_WIDTH, check_identical
-from experiments.bench_table import bench_table
-from experiments.goals import GOALS, ISSUE_9, goal_entries, target_of
+from experiments.bench.figures import pooled_stats
+from experiments.bench.goals import GOALS, ISSUE_9, goal_entries, target_of
+from experiments.bench.ratios import EQUAL_WIDTH, check_identical
+from experiments.bench.schedule import interleaved
+from experiments.bench.table import bench_table
 from experiments.records import machine, machine_sentence, markdown_table, strict_json
-from experiments.schedule import interleaved
-from experiments.settings import validate
+from experiments.run.settings import validate
 
 pytestmark = pytest.mark.slow  # each bench is a subprocess that builds a dozen contenders
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,9 +190,9 @@ def test_unknown_contender_is_refused():
     """Before anything loads (a ConfigError: `python -m experiments.bench` exits with 2 and the message)."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench import contenders_of
-    from experiments.pair import Pairs
-    from experiments.settings import ConfigError
+    from experiments.bench.app import contenders_of
+    from experiments.run.pair import Pairs
+    from experiments.run.settings import ConfigError
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("bench", overrides=TINY)
@@ -296,8 +296,8 @@ def test_gpu_batch_study_on_toy_shapes(tmp_path):
 
 def test_cost_figures_time_a_draft_with_another_vocabulary():
     """bench=cross: the target's ids are out of the draft's range; the draft step is timed on ids it has."""
-    from experiments.bench_figures import cost_figures
-    from specdec.tiny import tiny_model
+    from experiments.bench.figures import cost_figures
+    from specdec.runtime.tiny import tiny_model
 
     target, draft = tiny_model("llama", vocab_size=64), tiny_model("llama", vocab_size=32)
     figures = cost_figures(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)

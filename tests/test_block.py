@@ -21,10 +21,11 @@ from test_exactness import CASES, N_TOKENS, PROMPT
 from test_greedy import N_NEW, hf_greedy
 from test_greedy import PROMPT as GREEDY_PROMPT
 
-from specdec import GREEDY, BlockVerification, ModelDrafter, Sampling, speculative, speculative_generate
+from specdec import GREEDY, BlockVerification, ModelDrafter, Sampling, speculative_generate
 from specdec.exact import sequence_distribution
-from specdec.speculative import block_residual
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.verify.block import block_residual
+from specdec.verify.token import residual
 
 
 def resample_from_scaled_p(scaled_p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,7 @@ def test_block_accepts_at_least_as_many_tokens_as_token_level(small_vocab_pair, 
     target, draft = small_vocab_pair
     k = min(k, 3)  # 5^k drafts enumerated
     block = first_round_tokens(target, draft, PROMPT, sampling, k, block_round(block_residual))
-    token = first_round_tokens(target, draft, PROMPT, sampling, k, token_round(speculative.residual))
+    token = first_round_tokens(target, draft, PROMPT, sampling, k, token_round(residual))
     assert block >= token - 1e-12 and 1.0 <= token <= k + 1
 
 

@@ -7,22 +7,23 @@ from dataclasses import replace
 import pytest
 import torch
 
-from experiments.choices import calibration_markdown, threads_markdown
-from experiments.pair import choose_threads_for
-from experiments.settings import ConfigError, plan_of, validate
+from experiments.run.choices import calibration_markdown, threads_markdown
+from experiments.run.pair import choose_threads_for
+from experiments.run.settings import ConfigError, plan_of, validate
 from specdec import speculative_generate
-from specdec.calibration import (
+from specdec.choose.calibration import (
     Timings,
     alpha_from_tokens_per_pass,
     calibrate,
     measure_alpha,
     measure_timings,
 )
-from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.metrics import expected_tokens_per_pass, walltime_improvement
-from specdec.models import bfloat16_copy
-from specdec.timing import ThreadChoice, choose_threads
-from specdec.tiny import tiny_model
+from specdec.draft.model import ModelDrafter
+from specdec.draft.ngram import NGramDrafter
+from specdec.runtime.models import bfloat16_copy
+from specdec.runtime.timing import ThreadChoice, choose_threads
+from specdec.runtime.tiny import tiny_model
+from specdec.theory import expected_tokens_per_pass, walltime_improvement
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]])
 
@@ -84,7 +85,7 @@ def test_calibration_picks_the_best_predicted_speedup(target):
 
 
 def test_non_fused_nf4_slower_than_the_target_is_not_chosen(target):
-    """Without AVX512-BF16 (or with specdec.models.force_unfused_4bit) the nf4 copy costs more than a target
+    """Without AVX512-BF16 (or with specdec.runtime.models.force_unfused_4bit) the nf4 copy costs more than a target
     step: even with the best alpha it loses to a cheaper draft, and the summary says it cannot gain."""
     drafters = {"nf4": Unprobed(), "bfloat16": ModelDrafter(bfloat16_copy(target)), "ngram": NGramDrafter()}
     t = timings(nf4=250.0, bfloat16=50.0, ngram=0.2)
@@ -207,9 +208,9 @@ def test_the_summary_carries_the_thread_choice(tmp_path):
     """threads=auto: threads.md joins summary.md and threads.json joins summary.json (write_choices writes both)."""
     import pandas as pd
 
-    from experiments.choices import write_choices
     from experiments.records import machine, write_json
-    from experiments.summary import write_summary
+    from experiments.run.choices import write_choices
+    from experiments.run.summary import write_summary
 
     write_json(tmp_path / "environment.json", machine())
     write_choices(tmp_path, ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), None)
@@ -235,7 +236,7 @@ def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(t
     alphas as priors, its timings as first samples); with two thread counts probed, one rule per count."""
     from types import SimpleNamespace
 
-    from experiments.methods import online_rule
+    from experiments.run.methods import online_rule
     from specdec import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
 
     drafters = {"int8": ModelDrafter(target), "ngram": NGramDrafter()}

@@ -13,7 +13,7 @@ import pytest
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from experiments.pair import (
+from experiments.run.pair import (
     describe,
     draft_node,
     draft_quantization,
@@ -22,8 +22,8 @@ from experiments.pair import (
     tree_drafter,
     warn_if_gated,
 )
-from experiments.prompts import load_prompts
-from experiments.settings import (
+from experiments.run.prompts import load_prompts
+from experiments.run.settings import (
     RENAMED,
     ConfigError,
     check_renamed,
@@ -33,7 +33,7 @@ from experiments.settings import (
     validate,
 )
 from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramDrafter, NGramTreeDrafter
-from specdec.tiny import tiny_model
+from specdec.runtime.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -287,7 +287,7 @@ def instantiate_ngram(cfg):
 
 
 def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:
-    """The schema (experiments/schema.py) fixes the keys: a typo fails before validate runs."""
+    """The schema (experiments/run/schema.py) fixes the keys: a typo fails before validate runs."""
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException, match="temprature"):
@@ -359,7 +359,7 @@ def test_hub_dataset_offline_says_what_to_do() -> None:
     """Without the Hub, a hub dataset fails at once with the offline alternatives in the message."""
     code = (
         "from hydra import compose, initialize_config_dir\n"
-        "from experiments.prompts import load_prompts\n"
+        "from experiments.run.prompts import load_prompts\n"
         f"with initialize_config_dir({str(CONF)!r}, version_base='1.3'):\n"
         "    load_prompts(compose('config', overrides=['dataset=mt_bench']).dataset)\n"
     )
@@ -413,8 +413,8 @@ def test_gated_model_without_token_says_how_to_log_in(monkeypatch, caplog, make_
     ],
 )
 def test_verify_resolves_to_the_rule_for_the_shape_and_temperature(overrides, rule, make_cfg) -> None:
-    from experiments.methods import acceptance_of
-    from experiments.settings import plan_of
+    from experiments.run.methods import acceptance_of
+    from experiments.run.settings import plan_of
 
     cfg = make_cfg(*overrides)
     validate(cfg)

@@ -1,4 +1,4 @@
-"""Drafts with another tokenizer (specdec.cross_vocab): token-level intersection (TLI) and string-level
+"""Drafts with another tokenizer (specdec.draft.cross_vocab): token-level intersection (TLI) and string-level
 candidates keep the target's distribution under sampling (chi-square at temperatures 0.5, 1 and 1.5 with top-k
 and top-p, on tiny models whose vocabularies only partly overlap), the test rejects TLI without its
 renormalisation, greedy output is the target's (tiny models, and the real Gemma 3 + SmolLM2 pair in
@@ -13,10 +13,10 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from specdec import GREEDY, Sampling, autoregressive_generate, speculative_generate
-from specdec.cross_vocab import StringDrafter, TokenIntersectionDrafter
+from specdec.draft.cross_vocab import StringDrafter, TokenIntersectionDrafter
+from specdec.draft.vocab import shared_tokens, token_text, token_texts
 from specdec.exact import sequence_distribution
-from specdec.tiny import tiny_model
-from specdec.vocab import shared_tokens, token_text, token_texts
+from specdec.runtime.tiny import tiny_model
 
 
 def toy_tokenizer(vocab: list[str], merges: list[tuple[str, str]]) -> PreTrainedTokenizerFast:

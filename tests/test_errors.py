@@ -11,8 +11,14 @@ from specdec import (
     autoregressive_generate,
     speculative_generate,
 )
-from specdec.models import check_tokenizers, layer_truncated_copy, load_model, quantization_config, resolve
-from specdec.tiny import tiny_model
+from specdec.runtime.models import (
+    check_tokenizers,
+    layer_truncated_copy,
+    load_model,
+    quantization_config,
+    resolve,
+)
+from specdec.runtime.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def test_empty_prompt(target):
 
 
 def test_batch_larger_than_one_decodes_every_row(target):
-    """(B, L) input is a batch (specdec.batch): one output per row, each the row's own (tests/test_batch.py)."""
+    """(B, L) input is a batch (specdec.state): one output per row, each the row's own (tests/test_batch.py)."""
     ids = torch.tensor([[1, 2], [3, 4]])
     out = spec(target, ids)
     alone = [spec(target, row[None]).tokens for row in ids]

@@ -29,13 +29,14 @@ from specdec import (
     NGramDrafter,
     Sampling,
     autoregressive_generate,
-    speculative,
     speculative_generate,
 )
-from specdec.cached import CachedLM
-from specdec.drafters import can_read_cache
+from specdec.draft.model import can_read_cache
 from specdec.exact import sequence_distribution, sequence_index
 from specdec.naive import draft_then_score
+from specdec.runtime.cached import CachedLM
+from specdec.verify import token as token_rule
+from specdec.verify.token import residual
 
 N_TOKENS = 3
 PROMPT = torch.tensor([[0, 3, 1]])
@@ -97,7 +98,7 @@ def test_every_case_is_powered(small_vocab_pair, sampling, k):
     """
     target, draft = small_vocab_pair
     exact = sequence_distribution(target, PROMPT, N_TOKENS, sampling)
-    right = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, k, speculative.residual)
+    right = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, k, residual)
     torch.testing.assert_close(right, exact, atol=1e-6, rtol=0)
     wrong = rule_distribution(target, draft, PROMPT, N_TOKENS, sampling, k, resample_from_p)
     assert power(exact, wrong, N_SAMPLES, PASS) >= 0.98
@@ -107,7 +108,7 @@ def test_every_case_is_powered(small_vocab_pair, sampling, k):
 def test_chi_square_rejects_resampling_from_p(small_vocab_pair, monkeypatch):
     """The same test, same size, on speculative_generate with the wrong residual patched in: rejected."""
     target, draft = small_vocab_pair
-    monkeypatch.setattr(speculative, "residual", resample_from_p)
+    monkeypatch.setattr(token_rule, "residual", resample_from_p)
     sampling = Sampling(1.0)
     counts = speculative_counts(target, draft, sampling, 2, seed=2)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import run as run_module
 from experiments.report import report
-from experiments.run import run_experiment
+from experiments.run import app as run_module
+from experiments.run.app import run_experiment
 
 pytestmark = pytest.mark.slow  # every test loads the offline pair: start them early (tests/conftest.py)
 

@@ -17,8 +17,8 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.cost import Choice, FixedDraftLength
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.choose.cost import Choice, FixedDraftLength
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 30
@@ -78,7 +78,7 @@ PROMPTS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_offline_pair_greedy_equals_target_greedy(smollm2, prompt):
-    from specdec.models import encode_prompt
+    from specdec.runtime.models import encode_prompt
 
     target, tokenizer, draft = smollm2
     ids = encode_prompt(tokenizer, prompt)

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
-from specdec.models import bfloat16_copy, dynamic_int8_copy, encode_prompt, force_unfused_4bit, load_model
-from specdec.offline import (
+from specdec.runtime.models import (
+    bfloat16_copy,
+    dynamic_int8_copy,
+    encode_prompt,
+    force_unfused_4bit,
+    load_model,
+)
+from specdec.runtime.offline import (
     GEMMA3,
     SMOLLM2,
     OfflineAsset,
@@ -17,7 +23,7 @@ from specdec.offline import (
     extract_gguf,
     gguf_parsed_once,
 )
-from specdec.tiny import tiny_model
+from specdec.runtime.tiny import tiny_model
 
 
 def test_padded_draft_head_uses_shared_vocabulary():
@@ -176,7 +182,7 @@ def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
 
     lock = tmp_path / ".asset.lock"
     holder = (
-        "import sys; from pathlib import Path; from specdec.offline import exclusive\n"
+        "import sys; from pathlib import Path; from specdec.runtime.offline import exclusive\n"
         "with exclusive(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.readline()\n"
     )
     first = subprocess.Popen(

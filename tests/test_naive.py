@@ -3,7 +3,7 @@
 import torch
 
 from specdec import GREEDY, autoregressive_generate, draft_then_score
-from specdec.tiny import tiny_model
+from specdec.runtime.tiny import tiny_model
 
 
 def test_counters_name_the_model_that_ran():

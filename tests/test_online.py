@@ -1,4 +1,4 @@
-"""Which draft, and how long, chosen again every round (specdec.online): exact, greedy-equal, and quick to follow
+"""Which draft, and how long, chosen again every round (specdec.choose.online): exact, greedy-equal, and quick to follow
 a change of machine load.
 
 Timings come from injected clocks. The load test uses a clock that the drafters themselves advance: a target
@@ -22,7 +22,7 @@ from specdec import (
     speculative_generate,
 )
 from specdec.exact import sequence_distribution
-from specdec.tiny import perturbed_copy, tiny_model
+from specdec.runtime.tiny import perturbed_copy, tiny_model
 
 
 def candidates(target, draft):

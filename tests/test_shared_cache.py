@@ -19,11 +19,11 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.cached import CachedLM
-from specdec.drafters import append_states, can_read_cache
+from specdec.draft.model import append_states, can_read_cache
+from specdec.draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 from specdec.exact import sequence_distribution
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
-from specdec.tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 24

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from specdec import ModelDrafter, NGramDrafter, Sampling, speculative_generate
-from specdec.metrics import (
+from specdec.runtime.tiny import perturbed_copy, tiny_model
+from specdec.theory import (
     accepted_length_distribution,
     expected_tokens,
     expected_tokens_per_pass,
     optimal_k,
     walltime_improvement,
 )
-from specdec.tiny import perturbed_copy, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,11 @@ from specdec.exact import (
     traversal_round,
     traversal_round_distribution,
 )
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.sampling import probabilities
-from specdec.speculative import block_residual
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
-from specdec.traversal import after_failure
-from specdec.tree_accept import DETERMINISTIC, DISTINCT, IID, residual
+from specdec.verify.block import block_residual
+from specdec.verify.traversal import after_failure
+from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID, residual
 
 SHAPES = {
     "iid-3": [Branching(0, 3, IID)],

@@ -23,11 +23,12 @@ from specdec import (
     TreeDraft,
     tree_generate,
 )
-from specdec.cached import CachedLM
+from specdec.draft.tree import tree_logits, verify_tree
 from specdec.exact import sequence_distribution
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
-from specdec.tree import tree_logits, tree_mask, verify_tree
-from specdec.tree_accept import DETERMINISTIC, DISTINCT, IID
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.masks import tree_mask
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 30

@@ -17,7 +17,7 @@ from specdec.exact import (
     wrong_iid_rule_with_original_q,
 )
 from specdec.sampling import GREEDY, Sampling, probabilities
-from specdec.tree_accept import (
+from specdec.verify.tree import (
     DETERMINISTIC,
     DISTINCT,
     IID,
@@ -61,7 +61,7 @@ def gen(seed=0):
 
 
 def tree(tokens, parents, q, modes):
-    """What accept_tree reads, duck-typed like specdec.tree.TreeDraft."""
+    """What accept_tree reads, duck-typed like specdec.draft.tree.TreeDraft."""
     return SimpleNamespace(
         tokens=torch.tensor(tokens),
         parents=torch.tensor(parents),

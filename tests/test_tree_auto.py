@@ -1,4 +1,4 @@
-"""Token trees with k="auto": depth and node budget chosen each round by specdec.tree_cost.TreeCostModel.
+"""Token trees with k="auto": depth and node budget chosen each round by specdec.choose.tree_cost.TreeCostModel.
 
 The rule sees only earlier rounds (their times, the children tried and the last proposal's shape), and the
 drafter's tree is cut by depth, then drafter order (prune_tree), so the output keeps the target's
@@ -26,12 +26,12 @@ from specdec import (
     autoregressive_generate,
     tree_generate,
 )
-from specdec.cost import Choice
+from specdec.choose.cost import Choice
+from specdec.choose.tree_cost import TreeCostModel, breadth_first, tree_depths, walk_trials
+from specdec.draft.tree import prune_tree
 from specdec.exact import sequence_distribution
-from specdec.tiny import ARCHITECTURES, perturbed_copy, tiny_model
-from specdec.tree import prune_tree
-from specdec.tree_accept import DETERMINISTIC, DISTINCT, IID
-from specdec.tree_cost import TreeCostModel, breadth_first, tree_depths, walk_trials
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID
 
 PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
 N_NEW = 30
@@ -178,7 +178,7 @@ class LoggedTreeCostModel(TreeCostModel):
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
     """Each round chooses its depth and node budget before its target pass, and replaying the earlier
     observations alone gives the same choices: this round's p cannot have influenced its tree."""
-    import specdec.tree as tree_module
+    import specdec.draft.tree as tree_module
 
     target, draft = small_vocab_pair
     rule = LoggedTreeCostModel(k_max=4, clock=RandomClock(3))
@@ -213,7 +213,7 @@ def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
 def test_expensive_pass_falls_back_to_plain_steps(monkeypatch):
     """Every tree node costs 50 time units of the fake clock in the pass: after the warm-up no tree pays,
     every round is a plain step, the drafter is not called again, and the output is the target's own."""
-    import specdec.tree as tree_module
+    import specdec.draft.tree as tree_module
 
     target = tiny_model("llama", seed=0, scale=20.0)
     clock = RandomClock(4)

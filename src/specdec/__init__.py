@@ -1,29 +1,33 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
-from .batch import BatchCostModel, BatchGeneration
-from .cost import CostModel, FixedDraftLength
-from .cross_vocab import StringDrafter, TokenIntersectionDrafter
+from .choose.batch_cost import BatchCostModel
+from .choose.cost import CostModel, FixedDraftLength
+from .choose.online import OnlineDraftChoice, OnlineThreadChoice
+from .choose.tree_cost import TreeCostModel
 from .decoding import decode, speculative_generate, tree_generate
-from .drafters import Drafter, ModelDrafter, NGramDrafter
-from .metrics import (
-    Generation,
-    Stats,
+from .draft.base import Drafter
+from .draft.cross_vocab import StringDrafter, TokenIntersectionDrafter
+from .draft.model import ModelDrafter
+from .draft.ngram import NGramDrafter
+from .draft.proposal import Draft
+from .draft.switch import DraftSwitch
+from .draft.tree import TreeDraft
+from .draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from .metrics import BatchGeneration, Generation, Stats
+from .naive import batched_draft_then_score, draft_then_score
+from .sampling import GREEDY, Sampling, probabilities
+from .theory import (
     accepted_length_distribution,
     expected_tokens,
     expected_tokens_per_pass,
     optimal_k,
     walltime_improvement,
 )
-from .naive import batched_draft_then_score, draft_then_score
-from .online import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
-from .sampling import GREEDY, Sampling, probabilities
-from .speculative import BlockVerification, Draft, TokenLevel
-from .traversal import TraversalVerification
-from .tree import TreeDraft
-from .tree_accept import TreeRules
-from .tree_cost import TreeCostModel
-from .tree_drafters import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from .verify.block import BlockVerification
+from .verify.token import TokenLevel
+from .verify.traversal import TraversalVerification
+from .verify.tree import TreeRules
 
 __all__ = [
     "GREEDY",

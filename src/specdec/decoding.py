@@ -5,7 +5,7 @@ Notation of Leviathan et al.: p target distribution, q draft distribution, k = g
     prefill                 cache the prompt but its last token in the target (and the drafter)
     repeat until the budget or an end-of-sequence token:
         choose              the rule fixes k (a tree: depth and node budget) from earlier rounds only
-        propose             the drafter drafts x ~ q: a chain (specdec.speculative.Draft) or a tree
+        propose             the drafter drafts x ~ q: a chain (specdec.draft.proposal.Draft) or a tree
         score               one target pass over the proposal: p at every node
         accept              the acceptance rule walks it: accepted path and the target's next token
         commit              both caches keep the sequence but its last token (a crop, or a compaction)
@@ -13,15 +13,15 @@ Notation of Leviathan et al.: p target distribution, q draft distribution, k = g
 
 The split follows vLLM's speculative decoding (proposer, scorer, rejection sampler): a new capability
 is a class at one seam (a drafter, a rule, an acceptance rule), never a second loop. The acceptance
-rules (specdec.speculative.TokenLevel and BlockVerification for chains, specdec.tree_accept.TreeRules and
-specdec.traversal.TraversalVerification for trees) emit the
+rules (specdec.verify.token.TokenLevel and BlockVerification for chains, specdec.verify.tree.TreeRules and
+specdec.verify.traversal.TraversalVerification for trees) emit the
 target's distribution for any proposal fixed before p is seen, so the whole output is exact.
 
 The loop state is one `Sequence` (the tokens so far, what is left of the budget, whether it ended),
-or for several prompts a specdec.batch.Batch of rows of different lengths; the loop reads and extends
+or for several prompts a specdec.state.Batch of rows of different lengths; the loop reads and extends
 it only through their common methods, with the batch's counterparts of the cache (BatchedLM), the
 drafter (one proposal per row), the proposal (RowProposals: one target pass for all rows) and the
-acceptance rule (PerRow: each row accepted on its own). specdec.batch says why every row stays exact.
+acceptance rule (PerRow: each row accepted on its own). specdec.state says why every row stays exact.
 """
 
 from __future__ import annotations
@@ -33,31 +33,24 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .batch import (
-    Batch,
-    BatchCostModel,
-    BatchGeneration,
-    PerRow,
-    RowProposals,
-    batch_drafter,
-    batch_rows,
-    batched,
-    check_batch,
-)
-from .batch_cache import BatchedLM
-from .cached import CachedLM
-from .checks import check_generation_args
-from .cost import Choice, CostModel, FixedDraftLength, Rule, check_draft_cost
-from .drafters import Drafter, Proposal
-from .metrics import Generation, Stats
-from .online import DraftSwitch, OnlineDraftChoice
+from .checks import batch_rows, batched, check_batch, check_generation_args
+from .choose.cost import Choice, Rule
+from .choose.rules import check_batch_rule, draft_rule
+from .draft.base import Drafter, Proposal, share_cache
+from .draft.batch import batch_drafter
+from .draft.proposal import Draft, RowProposals
+from .draft.tree import empty_tree, prune_tree
+from .metrics import BatchGeneration, Generation, Stats
+from .runtime.batch_cache import BatchedLM
+from .runtime.cached import CachedLM
+from .runtime.masks import check_tree_backend
+from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling
-from .speculative import Draft, TokenLevel
-from .stopping import EosSet, truncate_at_eos
-from .timing import stopwatch
-from .tree import check_tree_backend, empty_tree, prune_tree
-from .tree_accept import TreeRules
-from .tree_cost import TreeCostModel
+from .state import Batch, Sequence
+from .stopping import EosSet
+from .verify.rows import PerRow
+from .verify.token import TokenLevel
+from .verify.tree import TreeRules
 
 
 class AcceptanceRule(Protocol):
@@ -88,61 +81,6 @@ class Round:
     def overlap_total(self) -> torch.Tensor:
         parts = self.overlaps if isinstance(self.overlaps, list) else [self.overlaps]
         return sum((part.sum() for part in parts), torch.zeros(()))
-
-
-class Sequence:
-    """The loop state: the tokens so far (1, L), how many are new, and whether an end token arrived."""
-
-    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, eos: EosSet):
-        self.tokens = input_ids
-        self.prompt_length = input_ids.shape[-1]
-        self.max_new_tokens = max_new_tokens
-        self.eos = eos
-        self.ended = False
-
-    @property
-    def emitted(self) -> int:
-        return self.tokens.shape[-1] - self.prompt_length
-
-    @property
-    def active(self) -> bool:
-        return not self.ended and self.emitted < self.max_new_tokens
-
-    def room(self) -> int:
-        """Draft tokens a round may still add: one token of the budget is always the target's own."""
-        return self.max_new_tokens - self.emitted - 1
-
-    def extend(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
-        """Append the accepted tokens and the target's next token, cut after an end-of-sequence token."""
-        new = truncate_at_eos(torch.cat([accepted, next_token]), self.eos)  # (n,)
-        self.tokens = torch.cat([self.tokens, new[None]], dim=-1)
-        self.ended = self.eos.ended(new)
-
-    def new_tokens(self) -> torch.Tensor:
-        return self.tokens[0, self.prompt_length :]
-
-    def retire(self, lm: CachedLM, drafter: Drafter) -> None:
-        """The drafter forgets what it drafted past the sequence (the caches keep all of it but the last token)."""
-        if self.active:
-            drafter.rollback(self.tokens.shape[-1] - 1)
-
-    def record(self, stats: Stats, round: Round, trees: bool) -> None:
-        stats.record_round(round.verified.size, round.depth, len(round.path), round.overlaps.numel(), tree=trees)
-
-    def produced(self, round: Round) -> int:
-        return len(round.path) + 1
-
-    def result(self, stats: Stats, overlap_total: torch.Tensor) -> Generation:
-        stats.emitted = self.emitted
-        stats.overlap_sum = float(overlap_total)
-        return Generation(self.new_tokens(), stats)
-
-
-def share_cache(drafter: object, target: CachedLM) -> None:
-    """Offer the target's cache to a drafter that can read it (a copy of the target built to read it)."""
-    share = getattr(drafter, "share_cache", None)
-    if share is not None:
-        share(target)
 
 
 def prefill(target: CachedLM, drafter: Drafter, sequence: torch.Tensor) -> None:
@@ -221,7 +159,7 @@ def decode(
     """Generate up to max_new_tokens after input_ids (1, L) with the target's exact distribution.
 
     Several prompts: input_ids (B, L) with attention_mask (1 token, 0 padding), or a list of token id rows;
-    every row then accepts on its own (specdec.batch) and a BatchGeneration comes back. Finished rows leave
+    every row then accepts on its own (specdec.state) and a BatchGeneration comes back. Finished rows leave
     the batch; rule then must be a batch's (FixedDraftLength, or BatchCostModel for k="auto").
 
     cache: the target's CachedLM to decode into (empty; e.g. one the caller preallocated), else a new one.
@@ -281,50 +219,6 @@ def accepted_tokens(verified: Proposal | RowProposals, path, device: torch.devic
     if isinstance(verified, RowProposals):
         return verified.accepted(path)
     return verified.tokens[path].to(device)
-
-
-def check_batch_rule(rule: Rule) -> None:
-    """A batch needs a rule that prices passes over several rows (or none: a fixed k)."""
-    if not isinstance(rule, FixedDraftLength | BatchCostModel):
-        raise TypeError(
-            f"{type(rule).__name__} chooses k for one sequence; a batch takes a fixed k or k='auto' "
-            "(a BatchCostModel, which prices passes over all rows)"
-        )
-
-
-def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64,
-               batch: bool = False) -> Rule:
-    """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
-    fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
-    trees) pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an
-    OnlineDraftChoice (which draft, and how long, every round); an object with choose and observe, used as given.
-    batch: several prompts; "auto" is then a BatchCostModel (chains; trees take a fixed depth)."""
-    if hasattr(k, "choose") and hasattr(k, "observe"):
-        if getattr(k, "trees", trees) != trees:
-            wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
-            raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(k).__name__}")
-        if getattr(k, "draft_cost", None) is not None:
-            check_draft_cost(drafter, k.draft_cost)
-        if getattr(k, "switch", drafter) is not drafter:
-            raise ValueError(f"the {type(k).__name__} selects in another DraftSwitch than the drafter given")
-        return k
-    if k == "auto" and batch:
-        if trees:
-            raise ValueError("k='auto' for token trees prices one sequence's trees; for a batch give trees a fixed "
-                             "depth (an int k, or None), or use chains with k='auto'")
-        return BatchCostModel(k_max, check_draft_cost(drafter))
-    if k == "auto" and isinstance(drafter, DraftSwitch) and not trees:
-        return OnlineDraftChoice(drafter, k_max)
-    if k == "auto":
-        model = TreeCostModel if trees else CostModel
-        return model(k_max, check_draft_cost(drafter), **({"max_nodes": max_nodes} if trees else {}))
-    if k is None and trees:
-        return FixedDraftLength(None)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        shapes = "(tree depth per round) must be an int >= 1, 'auto', None" if trees else (
-            "(draft tokens per round, gamma) must be an int >= 1, 'auto'")
-        raise ValueError(f"k {shapes} or a rule (choose and observe, e.g. a CostModel), got {k!r}")
-    return FixedDraftLength(k)
 
 
 def speculative_generate(

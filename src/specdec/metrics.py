@@ -7,10 +7,32 @@ target step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+
+@dataclass
+class BatchGeneration:
+    """Every row's new tokens, the batch's statistics, and each row's own.
+
+    stats counts over all rows: emitted is the batch's tokens, target_forwards the row-passes (a pass over R
+    rows counts R), so mean_accepted_length is the tokens per pass of one row; extras["passes"] is the
+    number of target passes and stats.tokens_per_second the batch's throughput. latency[b]: seconds from
+    the call's start to row b's last token (rows[b].seconds["total"]); a row's other phase times
+    (prefill, draft, verify) are the batch's, which all its rows shared.
+    """
+
+    tokens: list[torch.Tensor]
+    stats: Stats
+    rows: list[Stats] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+
+    def __getitem__(self, b: int) -> Generation:
+        return Generation(self.tokens[b], self.rows[b])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 @dataclass
@@ -36,11 +58,11 @@ class Stats:
     overlap_count: int = 0  # positions in overlap_sum
     seconds: dict[str, float] = field(default_factory=dict)  # "prefill", "draft", "verify", "total"
     extras: dict[str, float] = field(default_factory=dict)  # method-specific numbers (e.g. naive scores)
-    # Draft length per round (k="auto": chosen by specdec.cost.CostModel) and the cost model's prediction
+    # Draft length per round (k="auto": chosen by specdec.choose.cost.CostModel) and the cost model's prediction
     # over the rounds it predicted (warm-up excluded) next to what those rounds measured.
     chosen_k: list[int] = field(default_factory=list)  # draft length chosen in each round (0: plain step)
     chosen_draft: list[str] = field(default_factory=list)  # the candidate of each drafting round chosen online
-    # (specdec.online.OnlineDraftChoice); "" for a plain step; empty for a single drafter
+    # (specdec.choose.online.OnlineDraftChoice); "" for a plain step; empty for a single drafter
     chosen_threads: list[int] = field(default_factory=list)  # the torch thread count of each round chosen online
     predicted_tokens: float = 0.0  # sum of E(k) over predicted rounds
     predicted_seconds: float = 0.0  # sum of C(k) over predicted rounds
@@ -156,58 +178,3 @@ class Generation:
 
     tokens: torch.Tensor
     stats: Stats
-
-
-def expected_tokens(acceptance: Sequence[float]) -> float:
-    """E(k) = sum_{j=0..k} prod_{i<=j} a_i: expected tokens from one target pass over a chain of k =
-    len(acceptance) draft tokens, a_i the probability that position i is accepted given that 1..i-1 were."""
-    total, reach = 1.0, 1.0
-    for a in acceptance:
-        reach *= a
-        total += reach
-    return total
-
-
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """(1 - alpha^(k+1)) / (1 - alpha)  (Leviathan Eq. 1): expected_tokens with every a_i = alpha."""
-    return expected_tokens([alpha] * k)
-
-
-def accepted_length_distribution(alpha: float, k: int) -> list[float]:
-    """P(n draft tokens accepted), n = 0..k, when each is accepted independently with prob. alpha."""
-    return [alpha**n * (1.0 - alpha) for n in range(k)] + [alpha**k]
-
-
-def walltime_improvement(
-    alpha: float, c: float, k: int, pass_cost: float = 1.0, draft_cost: str = "per_token"
-) -> float:
-    """Expected speedup over target-only decoding (Leviathan Thm 3.8): E(k) / (k c + v).
-
-    v = pass_cost is one verification pass over k + 1 tokens in target steps (Thm 3.8 assumes 1; on a CPU
-    it is measured); draft_cost "per_call" (a lookup) pays c once per round instead of once per token.
-    """
-    return expected_tokens_per_pass(alpha, k) / round_cost(c, k, pass_cost, draft_cost)
-
-
-def round_cost(c: float, k: int, pass_cost: float = 1.0, draft_cost: str = "per_token") -> float:
-    """One round in target steps: k c + v for a draft model, c + v for a lookup (c per call)."""
-    return (c if draft_cost == "per_call" else k * c) + pass_cost
-
-
-def best_draft_length(acceptance: Sequence[float], cost: Callable[[int], float], shortest: int = 0) -> int:
-    """The k in shortest..len(acceptance) maximising E(k) / cost(k) (tokens per unit of time); ties go to the
-    shorter draft. k = 0 is a plain target step."""
-    rates = {k: expected_tokens(acceptance[:k]) / cost(k) for k in range(shortest, len(acceptance) + 1)}
-    return max(rates, key=lambda k: (rates[k], -k))
-
-
-def optimal_k(
-    alpha: float,
-    c: float,
-    k_max: int = 64,
-    pass_cost: Callable[[int], float] = lambda width: 1.0,
-    draft_cost: str = "per_token",
-) -> int:
-    """The draft length 1..k_max that maximises walltime_improvement (found numerically); pass_cost(w) is
-    a pass over w tokens in target steps."""
-    return best_draft_length([alpha] * k_max, lambda k: round_cost(c, k, pass_cost(k + 1), draft_cost), shortest=1)

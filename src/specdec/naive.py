@@ -13,12 +13,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .autoregressive import autoregressive_generate
-from .batch import BatchGeneration, batch_rows, batched
-from .batch_cache import BatchedLM, left_padded
-from .metrics import Generation, Stats
+from .checks import batch_rows, batched
+from .metrics import BatchGeneration, Generation, Stats
 from .quality import continuation_log_probs, token_log_probs
+from .runtime.batch_cache import BatchedLM, left_padded
+from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling
-from .timing import stopwatch
 
 
 def article_score(

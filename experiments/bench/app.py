@@ -1,0 +1,370 @@
+"""Side-by-side benchmark, a Hydra app over the run's own config groups (conf/bench.yaml, conf/bench/).
+
+A contender is a configuration experiments.run runs: a list of its overrides on top of the bench's
+command line, and the configuration's one method (ours, or method=hf: Hugging Face generate). So any
+configuration that runs can be benchmarked by naming it, and the default run's own configuration
+(`default: []`) is always a contender. Every contender gets the same prompts, sampling, max_new_tokens
+and seeds; the pairs share one target (experiments.run.pair.Pairs). Every repetition runs every prompt
+through every contender, in an order rotated per repetition, so machine drift hits all alike; one
+warm-up pass is excluded. Ratios are per category (median over repetitions), their geometric mean over
+categories, checked against experiments.bench.goals. At temperature > 0 the outputs are samples, so the greedy
+equality check is skipped (bench.json says so).
+
+    python -m experiments.bench                           # offline pair, every category, greedy, 128 tokens
+    python -m experiments.bench temperature=1             # the same table at temperature 1
+    python -m experiments.bench bench.only=[ar,spec_ngram] +bench.contenders.mine='["model=smollm2_ngram","k=6"]'
+    python -m experiments.bench bench=scaling             # time per token vs max_new_tokens and prompt length
+    python -m experiments.bench bench=gpu                 # random-weight Llama-3 shapes on a CUDA device
+
+The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
+(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
+start until bench.load.seconds after its generation started; the ratio of their tokens per second is
+default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
+load too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from specdec.draft.ngram import NGramDrafter
+from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
+from specdec.runtime.models import encode_prompt
+
+from ..records import machine, peak_rss_mb, reset_peak_rss, write_result
+from ..run.methods import Setup, setup_of
+from ..run.pair import Pairs
+from ..run.prompts import Prompt, load_prompts
+from ..run.settings import CONF_DIR, ConfigError, check_renamed
+from .figures import contender_figures, cost_figures
+from .goals import goal_entries
+from .ratios import annotate_goals, check_identical, pairwise, ratios
+from .schedule import ForwardClock, Output, Run, interleaved, output_of
+from .table import bench_table
+
+DEFAULT = "default"  # the default run's own configuration: always a contender
+LOOKUPS = (NGramDrafter, NGramTreeDrafter)  # drafters that draft from the text alone
+
+
+@dataclass
+class Contender:
+    """One configuration of experiments.run and its one method, built."""
+
+    name: str
+    overrides: list[str]
+    setup: Setup
+    method: str
+
+    @property
+    def owner(self) -> str:
+        """Whose loop: ours, or Hugging Face's (method=hf)."""
+        return "hf" if self.method == "hf" else "ours"
+
+    @property
+    def drafts(self) -> str | None:
+        """What drafts: a model, a lookup (ngram), both (hybrid), or nothing (target only)."""
+        if self.method == "hf":
+            return "model" if self.setup.hf.assistant else "ngram" if self.setup.hf.prompt_lookup else None
+        if self.method == "autoregressive":
+            return None
+        drafter = self.setup.drafter
+        return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(drafter, LOOKUPS) else "model"
+
+    @property
+    def pass_width(self) -> int | None:
+        """Tokens in each verification pass at most: k + 1 for a chain of fixed k, nodes + 1 for a tree."""
+        plan = self.setup.plan
+        if self.method != "speculative" or (not plan.trees and not isinstance(plan.k, int)):
+            return None
+        return self.setup.drafter.most_nodes + 1 if plan.trees else plan.k + 1
+
+    def figures(self) -> dict:
+        """What bench.json says of the contender besides its measurements."""
+        lookup = self.setup.hf.prompt_lookup if self.method == "hf" else None
+        return {"overrides": self.overrides, "method": self.method, "owner": self.owner, "drafts": self.drafts,
+                "k": self.setup.plan.k, "prompt_lookup": lookup, "pass_width": self.pass_width}  # fmt: skip
+
+    def run(self, ids: torch.Tensor, n: int, seed: int, stop_at_eos: bool = True) -> Output:
+        return output_of(self.setup.generate(self.method, ids, n, seed, stop_at_eos), self.owner == "ours")
+
+
+def method_of(cfg: DictConfig, name: str) -> str:
+    """A contender's one method: its configuration's method, which must be a single one."""
+    if cfg.method == "all":
+        raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
+    return str(cfg.method)
+
+
+def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None) -> dict[str, Contender]:
+    """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these."""
+    deltas = {DEFAULT: [], **{name: list(delta) for name, delta in cfg.bench.contenders.items()}}
+    unknown = sorted(set(only or []) - set(deltas))
+    if unknown:
+        raise ConfigError(f"bench contenders {unknown} are not in bench.contenders; choices: {', '.join(deltas)}")
+    built = {}
+    for name, delta in deltas.items():
+        if only is not None and name not in only:
+            continue
+        check_renamed(delta)
+        job = compose("bench", overrides=[*base, *delta])
+        built[name] = Contender(name, delta, setup_of(job, pairs), method_of(job, name))
+    return built
+
+
+def run_bench(
+    contenders: dict[str, Contender],
+    prompts: list[Prompt],
+    ids: dict[str, torch.Tensor],
+    *,
+    max_new_tokens: int,
+    repetitions: int = 1,
+    seed: int = 0,
+    pass_widths: int = 17,
+    reference: str = "ar",
+    pairs: dict[str, list[str]] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    load: dict | None = None,
+) -> dict:
+    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json."""
+    names = list(contenders)
+    default = contenders[DEFAULT].setup
+    drafts = {id(c.setup.pair.draft_model): c.setup.pair.draft_model for c in contenders.values()}
+    models = {"target": default.pair.target, **{f"draft{i or ''}": m for i, m in enumerate(d for d in drafts.values() if d is not None)}}
+    clock = ForwardClock(models)
+    for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
+        c.run(ids[prompts[0].id], min(8, max_new_tokens), seed)
+    runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
+    for rep, prompt, name in interleaved(names, prompts, repetitions):
+        run = clock.measure(contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
+        runs[name][prompt.id].append(run)
+        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
+    clock.remove()
+    plan = default.plan
+    s = plan.sampling
+    result = {
+        "settings": {
+            "k": plan.k, "k_max": plan.k_max, "max_nodes": plan.max_nodes, "temperature": s.temperature,
+            "top_k": s.top_k, "top_p": s.top_p, "max_new_tokens": max_new_tokens, "repetitions": repetitions,
+            "seed": seed, "eos_token_id": default.pair.eos_token_id, "prompts": [p.id for p in prompts],
+            "draft": default.pair.draft,
+        },
+        "contenders": {name: {**c.figures(), **contender_figures(runs[name], prompts)} for name, c in contenders.items()},
+    }
+    if load is not None:
+        result["load"] = load
+    if s.greedy:
+        outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
+        result["greedy_check"] = check_identical(outputs, reference=reference if reference in names else names[0])
+    else:
+        result["greedy_check"] = {
+            "identical": None,
+            "skipped": f"temperature {s.temperature} > 0: outputs are samples (each loop draws its own random "
+            "numbers), so equal outputs are not expected; exactness at T > 0 is what the chi-square tests check",
+        }
+    log("measuring the target's pass cost vs width")
+    k = plan.k if isinstance(plan.k, int) else 4
+    result["costs"] = cost_figures(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
+    result["ratios"], result["best_configuration"] = ratios(result)
+    result["pairwise"] = pairwise(result["contenders"], pairs or {})
+    flags = machine(plan.device)["cpu"]["flags"]
+    present = [f for f, on in flags.items() if on] if isinstance(flags, dict) else []
+    result["goals"] = goal_entries(result["ratios"], present, s.greedy)
+    annotate_goals(result["goals"], result["best"], k, result["contenders"])
+    calibration = default.pair.calibration
+    if calibration is not None:  # the default pair's calibration: what it measured and chose
+        result["calibration"] = {"chosen": calibration.chosen, "reason": calibration.reason, "candidates": calibration.rows()}
+    return result
+
+
+GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
+
+
+def busy_loops(processes: int) -> list[subprocess.Popen]:
+    """Competing CPU work: `processes` Python busy loops (what a user's other program does to the machine)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+
+
+def stop(loops: list[subprocess.Popen]) -> None:
+    for p in loops:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
+    """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
+    `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
+    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
+           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
+    loops = busy_loops(processes)
+    started = time.perf_counter()
+    timer, lines, stopped = None, [], {}
+
+    def end_load() -> None:
+        stop(loops)
+        stopped["at"] = time.perf_counter() - started
+
+    try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith(GENERATING):
+                timer = threading.Timer(seconds, end_load)
+                timer.start()
+        if child.wait() != 0:
+            raise RuntimeError(f"the load run of {name} failed (exit {child.returncode}): {' '.join(cmd)}")
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if any(p.poll() is None for p in loops):
+            end_load()
+    result = json.loads(lines[-1])
+    result["load_stopped_s"] = stopped.get("at")  # seconds after the process started
+    return result
+
+
+def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
+                started: float) -> dict:  # fmt: skip
+    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
+    contender.run(ids[prompts[0].id], min(8, n), seed)
+    print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
+    rows, generating = [], time.perf_counter()
+    for prompt in prompts:
+        setup = contender.setup
+        out = setup.generate(contender.method, ids[prompt.id], n, seed)
+        stats = out.stats
+        rows.append({
+            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
+            "started_s": time.perf_counter() - generating - stats.seconds["total"],
+            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
+            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
+            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
+        })  # fmt: skip
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
+
+
+def memory_of(name: str, base: list[str], out: Path) -> dict:
+    """Peak RSS of a fresh process that builds only the contender `name` and runs it once on one prompt."""
+    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.memory_of={name}", "bench.memory=false",
+           f"hydra.run.dir={out / 'memory'}", "hydra.output_subdir=null"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_memory_of(contender: Contender, ids: torch.Tensor, n: int, seed: int) -> dict:
+    loaded = peak_rss_mb()
+    reset_peak_rss()  # restart the high-water mark after loading
+    after_load = peak_rss_mb()
+    contender.run(ids, n, seed)
+    return {"peak_rss_mb": peak_rss_mb(), "rss_after_loading_mb": after_load, "peak_while_loading_mb": loaded}
+
+
+def command_line() -> tuple[list[str], str]:
+    """The command line's overrides (bench.* and hydra.* left out: they configure the bench, not the runs)
+    and the command itself."""
+    task = list(HydraConfig.get().overrides.task)
+    base = [o for o in task if not o.lstrip("+~").startswith(("bench.", "hydra."))]
+    return base, "python -m experiments.bench " + " ".join(task)
+
+
+def bench(cfg: DictConfig) -> dict:
+    """The benchmark the bench group describes: the comparison, the scaling study, or one memory run."""
+    base, command = command_line()
+    out = Path(HydraConfig.get().runtime.output_dir)
+    b = cfg.bench
+    started = time.perf_counter()
+    one = b.memory_of or b.load_of
+    study = b.scaling or b.get("batching")
+    only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
+    contenders = contenders_of(cfg, base, Pairs(), only)
+    first = next(iter(contenders.values())).setup
+    prompts = load_prompts(cfg.dataset)
+    ids = {p.id: encode_prompt(first.pair.tokenizer, p.text, chat=first.plan.chat) for p in prompts}
+    if b.memory_of:
+        print(json.dumps(run_memory_of(contenders[b.memory_of], ids[prompts[0].id], cfg.max_new_tokens, cfg.seed)))
+        return {}
+    if b.load_of:
+        print(json.dumps(run_load_of(contenders[b.load_of], prompts, ids, cfg.max_new_tokens, cfg.seed, started)))
+        return {}
+    print(f"writing to {out}", flush=True)
+    if b.scaling:
+        from .scaling import run_scaling, scaling_table
+
+        result = run_scaling(contenders, ids[prompts[0].id], b.scaling, seed=cfg.seed, log=print)
+        result.update(machine=machine(first.plan.device), command=command)
+        write_result(out, "scaling", result, scaling_table(result))
+        return result
+    if b.get("batching"):
+        return batch_study(contenders, prompts, ids, cfg, command, out)
+    default = contenders[DEFAULT].setup
+    load = None
+    if b.load:  # before the comparison, which then runs on a quiet machine again
+        print(f"load scenario: {b.load.processes} busy loop(s) until {b.load.seconds} s into generation", flush=True)
+        overrides = [*base, *b.load.get("overrides", [])]
+        load = {"seconds": b.load.seconds, "processes": b.load.processes, "overrides": list(b.load.get("overrides", [])),
+                "runs": {name: load_run_of(name, overrides, out, b.load.seconds, b.load.processes)
+                         for name in b.load.contenders}}  # fmt: skip
+    result = run_bench(
+        contenders, prompts, ids, max_new_tokens=cfg.max_new_tokens, repetitions=b.repetitions, seed=cfg.seed,
+        pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, log=lambda s: print(s, flush=True),
+        load=load,
+    )  # fmt: skip
+    result["settings"].update(model=cfg.model.name, dataset=cfg.dataset.name)
+    if b.memory:
+        result["memory"] = {name: memory_of(name, base, out) for name in result["contenders"]}
+    result.update(machine=machine(default.plan.device), command=command)
+    table = bench_table(result)
+    write_result(out, "bench", result, table)
+    print(table)
+    return result
+
+
+def batch_study(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=batch: throughput by batch size (experiments.bench.batch), with its goals."""
+    from .batch import batch_table, run_batching
+
+    b = cfg.bench
+    result = run_batching(contenders, [ids[p.id] for p in prompts], b.batching, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, repetitions=b.repetitions, log=lambda s: print(s, flush=True))  # fmt: skip
+    first = next(iter(contenders.values())).setup
+    env = machine(first.plan.device)
+    speculative = result["ratios"][b.batching.speculative]
+    result["batched_vs_target_only"] = speculative
+    result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
+                                    "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
+                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
+    result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
+                            "baseline": b.batching.baseline, "speculative": b.batching.speculative,
+                            "repetitions": b.repetitions,
+                            "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
+                  machine=env, command=command)  # fmt: skip
+    table = batch_table(result)
+    write_result(out, "bench", result, table)
+    print(table)
+    return result
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        bench(cfg)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+

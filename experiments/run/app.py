@@ -1,0 +1,299 @@
+"""One experiment: a model pair over a prompt set, the target-only baseline next to the chosen methods.
+
+    python -m experiments.run                         # offline default (conf/config.yaml), CPU
+    python -m experiments.run model=gemma2 k=4        # a hub pair on a GPU
+    python -m experiments.run -m k=1,2,4,8 temperature=0,0.7,1 quantization=none,nf4
+    python -m experiments.run model=smollm2_ngram k=auto     # draft length chosen each round (k_max)
+    python -m experiments.run model=smollm2_ngram tree=ngram # a token tree per pass (conf/tree/)
+
+For every prompt each method gets a fresh torch.Generator(seed) and the same max_new_tokens; one
+short warm-up generation per method runs first and is not counted. Per-prompt rows are appended
+to results.jsonl in the Hydra run folder as each prompt finishes, so an interrupted run (Ctrl-C)
+keeps them; the summary table, figures and W&B run are written from whatever finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import hydra
+import pandas as pd
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specdec import Stats
+from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
+from specdec.runtime.models import encode_prompt
+
+from ..records import machine, peak_memory, strict_json, write_json
+from .choices import write_choices
+from .figures import run_figures
+from .logger import make_logger
+from .methods import Setup, setup_of
+from .pair import Pair, Pairs
+from .prompts import Prompt, load_prompts
+from .settings import CONF_DIR, ConfigError, Plan, check_renamed, plan_of
+from .summary import mean, method_table, naive_sentence, run_metrics, write_summary
+
+log = logging.getLogger(__name__)
+LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
+    "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "chosen_draft", "chosen_threads",
+    "tree_nodes", "tree_depths",
+)  # fmt: skip
+
+
+def round_means(stats: Stats) -> dict[str, float | None]:
+    """Per prompt: mean chosen k (chains), nodes per pass (trees), accepted depth; None where not drafted."""
+    return {
+        "chosen_k_mean": mean(stats.chosen_k) if stats.chosen_k else None,
+        "plain_step_share": mean([k == 0 for k in stats.chosen_k]) if stats.chosen_k else None,  # no draft
+        "tree_nodes_mean": mean(stats.tree_nodes) if stats.tree_nodes else None,
+        "accepted_depth_mean": mean(stats.accepted_per_round) if stats.accepted_per_round else None,
+    }
+
+
+def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor | None) -> dict:
+    """Target NLL per token, agreement with the target's greedy output (None unless greedy), diversity."""
+    as_list = tokens.tolist()
+    return {
+        "nll": negative_log_likelihood(pair.target, ids, tokens),
+        "agreement": None if reference is None else agreement(tokens, reference),
+        "distinct_2": distinct_n(as_list, 2),
+        "repetition_4": repetition_rate(as_list, 4),
+    }
+
+
+def prompt_rows(prompt: Prompt, setup: Setup) -> list[dict]:
+    """Run every method on one prompt; one row per method with stats, quality, memory and text."""
+    plan, pair = setup.plan, setup.pair
+    ids = encode_prompt(pair.tokenizer, prompt.text, chat=plan.chat)  # (1, L)
+    outputs, memory = {}, {}
+    for method in plan.methods:
+        with peak_memory(plan.device) as memory[method]:
+            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
+    reference = outputs["autoregressive"].tokens if plan.greedy else None
+    scored: dict[tuple[int, ...], dict] = {}  # identical outputs (greedy) are scored by the target once
+    rows = []
+    for method, out in outputs.items():
+        key = tuple(out.tokens.tolist())
+        if key not in scored:
+            scored[key] = quality(pair, ids, out.tokens, reference)
+        stats = out.stats
+        rows.append(
+            {
+                "prompt_id": prompt.id,
+                "category": prompt.category,
+                "method": method,
+                "prompt_tokens": ids.shape[-1],
+                **stats.summary(),
+                **round_means(stats),
+                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
+                **scored[key],
+                "weights_mb": pair.weights_mb(method),
+                "peak_rss_mb": memory[method].rss_mb,
+                "peak_cuda_mb": memory[method].cuda_mb,
+                "text": pair.tokenizer.decode(out.tokens, skip_special_tokens=True),
+            }
+        )
+    return rows
+
+
+def batch_rows_of(prompts: list[Prompt], setup: Setup, batch: int) -> list[dict]:
+    """Run every method on one batch of prompts decoded together; one row per prompt and method, with the
+    row's own counts and latency and the batch's wall time (throughput is every row's tokens over it)."""
+    plan, pair = setup.plan, setup.pair
+    ids = [encode_prompt(pair.tokenizer, p.text, chat=plan.chat) for p in prompts]  # (1, L_b) each
+    outputs, memory = {}, {}
+    for method in plan.methods:
+        with peak_memory(plan.device) as memory[method]:
+            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
+    rows = []
+    for b, prompt in enumerate(prompts):
+        reference = outputs["autoregressive"].tokens[b] if plan.greedy else None
+        for method, out in outputs.items():
+            tokens, stats = out.tokens[b], out.rows[b]
+            rows.append({
+                "prompt_id": prompt.id, "category": prompt.category, "method": method,
+                "prompt_tokens": ids[b].shape[-1], **stats.summary(), **round_means(stats),
+                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
+                **quality(pair, ids[b], tokens, reference),
+                "batch": batch, "batch_size": len(prompts), "batch_seconds": out.stats.seconds["total"],
+                "batch_passes": out.stats.extras.get("passes"),
+                "weights_mb": pair.weights_mb(method), "peak_rss_mb": memory[method].rss_mb,
+                "peak_cuda_mb": memory[method].cuda_mb,
+                "text": pair.tokenizer.decode(tokens, skip_special_tokens=True),
+            })  # fmt: skip
+    return rows
+
+
+def batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    """The prompts in order, grouped `size` at a time (the last group may be smaller)."""
+    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+
+def warm_up(prompt: Prompt, setup: Setup) -> None:
+    """One short generation per method (allocator, kernels, caches), not recorded."""
+    ids = encode_prompt(setup.pair.tokenizer, prompt.text, chat=setup.plan.chat)
+    for method in setup.plan.methods:
+        setup.generate(method, ids, setup.plan.warmup_tokens)
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.writelines(
+            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
+        )
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """results.jsonl back as a DataFrame (null -> NaN)."""
+    with open(path) as f:
+        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
+
+
+def run_keys(cfg: DictConfig, setup: Setup) -> dict:
+    """The settings that tell runs of a sweep apart (saved with the summary for the report)."""
+    pair, trees = setup.pair, setup.plan.trees
+    return {
+        "model": cfg.model.name,
+        "draft": pair.draft,  # what drafts, from its config node
+        "draft_cost": pair.drafter.draft_cost,  # per_token: a draft model; per_call: a lookup
+        "target_quantization": pair.target_quantization,
+        "draft_quantization": pair.draft_quantization,
+        "method": cfg.method,
+        "k": cfg.k,
+        "k_max": cfg.k_max,
+        "tree": type(setup.drafter).__name__ if trees else "none",
+        "verify": type(setup.acceptance).__name__,  # the acceptance rule
+        "tree_node_budget": cfg.tree.get("nodes") if trees else None,  # rows hold tree_nodes per round
+        "tree_depth": cfg.tree.get("depth") if trees else None,
+        "temperature": float(cfg.temperature),
+        "top_k": cfg.top_k,
+        "top_p": float(cfg.top_p),
+        "max_new_tokens": cfg.max_new_tokens,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset.name,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
+    """Side by side: each prompt with the output of every method."""
+    table = rows.pivot(index="prompt_id", columns="method", values="text")
+    text = {p.id: p.text for p in prompts}
+    table.insert(0, "prompt", [text[i] for i in table.index])
+    return table.reset_index()
+
+
+def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logger) -> pd.DataFrame:
+    """Table, metrics, histograms, figures and logs from the rows in results.jsonl."""
+    rows = read_rows(run_dir / "results.jsonl")
+    table = method_table(rows)
+    k, longest = plan.chain_k, plan.longest
+    metrics, histograms = run_metrics(table, rows, k, longest)
+    text = write_summary(
+        run_dir, keys, table, metrics, histograms, naive_sentence(table, plan.greedy), rows["prompt_id"].nunique()
+    )  # fmt: skip
+    figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
+    scalar_rows = rows.drop(columns=list(LIST_FIELDS))
+    logger.log_run(metrics, {"results": scalar_rows, "samples": samples(rows, prompts)}, figures, histograms)
+    print(text)
+    return table
+
+
+def interrupt_on_sigterm() -> None:
+    """Treat SIGTERM (a scheduler stopping the job) like Ctrl-C: keep results, close the W&B run."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def run_experiment(
+    cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None, pairs: Pairs | None = None
+) -> pd.DataFrame | None:
+    """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table.
+    pairs: the pair cache of a sweep (its jobs share a pair while the weights stay the same)."""
+    plan_of(cfg)  # a bad value fails before any dataset or model loads
+    prompts = load_prompts(cfg.dataset)
+    setup = setup_of(cfg, pairs or Pairs())
+    plan, pair, methods = setup.plan, setup.pair, setup.plan.methods
+    if pair.target_quantization != "none":
+        log.warning(
+            "the target is %s-quantized: its logits depend on the other tokens in a forward pass, so "
+            "speculative decoding reproduces its step-by-step output only approximately (see agreement)",
+            pair.target_quantization,
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = machine(plan.device)
+    write_json(run_dir / "environment.json", env)
+    write_choices(run_dir, pair.threads, pair.calibration)  # threads.md, calibration.md: read by write_summary
+    keys = run_keys(cfg, setup)
+    config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
+    schedule = f"tree{keys['tree']}-k{plan.tree_k}" if plan.trees else f"k{plan.k}"
+    name = f"{keys['model']}-{keys['draft_quantization']}-{schedule}-T{keys['temperature']:g}"
+    logger = make_logger(cfg.logger, run_dir, config, name)
+    interrupted, done = False, 0
+    interrupt_on_sigterm()
+    try:
+        warm_up(prompts[0], setup)
+        if plan.batch_size > 1:
+            groups = batches(prompts, plan.batch_size)
+            for index, group in enumerate(tqdm(groups, desc=f"{name} ({', '.join(methods)})", unit="batch")):
+                rows = batch_rows_of(group, setup, index)
+                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+                for offset in range(len(group)):
+                    logger.log_prompt(done + offset, rows[offset * len(methods) : (offset + 1) * len(methods)])
+                done += len(group)
+        else:
+            for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
+                rows = prompt_rows(prompt, setup)
+                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+                logger.log_prompt(index, rows)
+                done += 1
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
+    table = None
+    try:
+        if done:
+            table = summarize(run_dir, plan, keys, prompts, logger)
+    finally:
+        logger.finish(interrupted)
+    if interrupted:
+        raise SystemExit(130)
+    return table
+
+
+def main() -> None:
+    """The Hydra app: one run per job; the jobs of a sweep share one pair cache."""
+    pairs = Pairs()
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def job(cfg: DictConfig) -> None:
+        try:
+            run_experiment(cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task),
+                           pairs)  # fmt: skip
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    try:
+        check_renamed(sys.argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    job()
+

@@ -1,0 +1,293 @@
+"""Build a model pair from its config: the target, the drafter speculative decoding runs with, and the draft
+model the naive method generates with (and model trees branch with).
+
+Drafters are built from their `_target_` nodes with hydra.utils.instantiate (conf/draft/, conf/tree/); a
+drafter's `model:` node loads its draft model. A pair whose model.draft lists `candidates` is calibrated:
+every candidate is built, timed and probed (specdec.choose.calibration); the fastest predicted one drafts a fixed k,
+and it and the next best stay loaded for k=auto, which chooses among them every round (specdec.choose.online).
+`Pairs` keeps the last pair loaded, so that the jobs of a sweep that differ only in k or temperature share it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import transformers
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.choose.calibration import Calibration, calibrate
+from specdec.draft.base import Drafter
+from specdec.draft.switch import DraftSwitch
+from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
+from specdec.runtime.timing import ThreadChoice, choose_threads
+
+from .schema import AUTO
+from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
+
+log = logging.getLogger(__name__)
+transformers.utils.logging.disable_progress_bar()
+# bitsandbytes int8 warns about a dtype cast on every forward pass
+logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+CONF_MODELS = CONF_DIR / "model"
+# A calibrated pair measures its candidates on this prompt (short: the calibration takes seconds)
+CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
+# A calibrated pair keeps its best candidates (by predicted speedup; the chosen first) for k=auto's online choice
+KEEP_CANDIDATES = 3
+LOADER = "specdec.runtime.models.load_model"  # the draft model loader the quantization group applies to
+
+
+@dataclass
+class Target:
+    """The target model as a pair loads it, shared by every pair with the same target settings."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    quantization: str
+    threads: ThreadChoice | None  # threads=auto: the torch thread count measured fastest, and its probes
+
+
+@dataclass
+class Draft:
+    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model."""
+
+    drafter: Drafter
+    model: PreTrainedModel | None  # what the naive method generates with (None for n-gram)
+    tokenizer: PreTrainedTokenizerBase | None
+    quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
+    description: str  # what drafts, as its config node says (describe)
+    calibration: Calibration | None = None  # a calibrated pair: every candidate measured, and why
+
+
+@dataclass
+class Pair:
+    """Everything a run needs from the models, built once."""
+
+    target_side: Target
+    draft_side: Draft
+
+    target = property(lambda self: self.target_side.model)
+    tokenizer = property(lambda self: self.target_side.tokenizer)
+    target_quantization = property(lambda self: self.target_side.quantization)
+    threads = property(lambda self: self.target_side.threads)
+    drafter = property(lambda self: self.draft_side.drafter)
+    draft_model = property(lambda self: self.draft_side.model)
+    draft_tokenizer = property(lambda self: self.draft_side.tokenizer)
+    draft_quantization = property(lambda self: self.draft_side.quantization)
+    draft = property(lambda self: self.draft_side.description)
+    calibration = property(lambda self: self.draft_side.calibration)
+
+    @property
+    def eos_token_id(self) -> list[int]:
+        return eos_ids(self.target, self.tokenizer)
+
+    def weights_mb(self, method: str) -> float:
+        """Weights the method needs in memory: the target alone, or target and draft model."""
+        models = [self.target] if method == "autoregressive" else [self.target, self.draft_model]
+        return sum(m.get_memory_footprint() for m in models if m is not None) / 2**20
+
+
+def eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """End-of-sequence ids of the target's generation config and tokenizer."""
+    ids = target.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def offline_pairs() -> list[str]:
+    """Names of the model pairs in conf/model/ that need no network."""
+    return sorted(p.stem for p in CONF_MODELS.glob("*.yaml") if "offline:" in p.read_text())
+
+
+def warn_if_gated(spec: DictConfig) -> None:
+    """A gated model without a Hub token will fail to download: say how to log in before trying."""
+    from huggingface_hub import get_token
+
+    if spec.get("gated") and get_token() is None:
+        log.warning(
+            "%s is gated: accept its license at https://huggingface.co/%s and log in with `hf auth login` "
+            "(or set HF_TOKEN). Offline pairs: %s", spec.name, spec.name, ", ".join(offline_pairs()),
+        )  # fmt: skip
+
+
+@contextmanager
+def offline_hint() -> Iterator[None]:
+    """A model or tokenizer that cannot be fetched: add the offline pairs to the library's message."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(f"{e}\nOffline model pairs (no network needed): {', '.join(offline_pairs())}") from e
+
+
+def draft_node(cfg: DictConfig) -> DictConfig:
+    """model.draft with the quantization group applied to its draft model, when one is loaded by load_model
+    and the group covers the draft; the pair's own quantization otherwise."""
+    node, mode = cfg.model.draft, quantization_of(cfg, "draft")
+    model = node.get("model") if "_target_" in node else None
+    if mode == "none" or not OmegaConf.is_dict(model) or model.get("_target_") != LOADER:
+        return node
+    node = OmegaConf.merge(node, {"model": {"quantization": mode, "compute_dtype": cfg.quantization.compute_dtype}})
+    node._set_parent(cfg.model)  # interpolations (${model.target.name}, ${device}) resolve as in cfg
+    return node
+
+
+def describe(node: DictConfig) -> str:
+    """A drafter's node as one line: its class and settings, nested nodes likewise (device and name left out)."""
+    parts = []
+    for key, value in node.items():
+        if key in ("_target_", "name", "device"):
+            continue
+        parts.append(f"{key}={describe(value) if OmegaConf.is_dict(value) else value}")
+    return f"{str(node.get('_target_', '')).rsplit('.', 1)[-1]}({', '.join(parts)})"
+
+
+def draft_quantization(node: DictConfig) -> str:
+    """The quantization its draft model loads with ("none" for model-free drafters and plain copies)."""
+    model = node.get("model")
+    return str(model.get("quantization") or "none") if OmegaConf.is_dict(model) else "none"
+
+
+def check_same_tokenizer(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """A draft model of another name (a second model) must share the target's tokenizer; returns its tokenizer."""
+    name = OmegaConf.select(cfg, "model.draft.model.name")  # the draft model's, whatever the pair calls it
+    if name is None or name == cfg.model.target.name:
+        return tokenizer
+    with offline_hint():
+        draft_tokenizer = load_tokenizer(name)
+    check_tokenizers(tokenizer, draft_tokenizer, cfg.model.target.name, name)
+    return draft_tokenizer
+
+
+def calibrated(
+    cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Drafter, PreTrainedModel | None, Calibration]:
+    """Build every candidate, calibrate, and keep the best KEEP_CANDIDATES of them behind a DraftSwitch (the
+    chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
+    specdec.choose.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
+    drafters = {name: instantiate(node) for name, node in candidates_of(cfg).items()}
+    result = calibrate(
+        target, drafters, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat),
+        k=None if plan.k == AUTO else plan.k, k_max=plan.k_max, sampling=plan.sampling,
+        eos_token_id=eos_ids(target, tokenizer), seed=plan.seed,
+    )  # fmt: skip
+    chosen = drafters[result.chosen]
+    models = [getattr(drafters[r.name], "model", None) for r in result.results]  # best first
+    draft_model = getattr(chosen, "model", None) or next((m for m in models if m is not None), None)
+    kept = [result.chosen] + [r.name for r in result.results if r.name != result.chosen][: KEEP_CANDIDATES - 1]
+    switch = DraftSwitch({name: drafters[name] for name in kept}, default=result.chosen)
+    drafters.clear()  # the other candidates go
+    gc.collect()
+    return switch if len(kept) > 1 else chosen, draft_model, result
+
+
+def load_target(cfg: DictConfig, plan: Plan) -> Target:
+    """The target (quantized as the quantization group says), its tokenizer, and threads=auto's choice."""
+    warn_if_gated(cfg.model.target)
+    quantization = quantization_of(cfg, "target")
+    with offline_hint():
+        model = load_model(
+            cfg.model.target.name, dtype=cfg.dtype, device=plan.device, quantization=quantization,
+            compute_dtype=cfg.quantization.compute_dtype,
+        )  # fmt: skip
+        tokenizer = load_tokenizer(cfg.model.target.name)
+    return Target(model, tokenizer, quantization, choose_threads_for(plan, model, tokenizer))
+
+
+def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:
+    """The drafter of model.draft: built from its node (before the target loads: a draft model that cannot
+    load fails first), or the fastest of its candidates, calibrated on the target."""
+    if candidates_of(cfg) is not None:
+        t = target()
+        drafter, model, calibration = calibrated(cfg, plan, t.model, t.tokenizer)
+        description = f"{calibration.chosen} (calibrated): {describe(candidates_of(cfg)[calibration.chosen])}"
+        return Draft(drafter, model, t.tokenizer if model is not None else None, calibration.chosen, description,
+                     calibration)  # fmt: skip
+    node = draft_node(cfg)
+    with offline_hint():
+        drafter = instantiate(node)
+    model = getattr(drafter, "model", None)
+    tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
+    if tokenizer is None and model is not None:
+        tokenizer = check_same_tokenizer(cfg, target().tokenizer)
+    return Draft(drafter, model, tokenizer, draft_quantization(node), describe(node))
+
+
+def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
+    """The tree drafter of cfg.tree, given the pair's draft model where it drafts with one (`model: ???`), and
+    no wider than the pass limit."""
+    if needs_draft_model(cfg.tree) and pair.draft_model is None:
+        raise ConfigError(f"{cfg.tree._target_} needs a draft model, but this pair loaded none: use tree=ngram")
+    drafter = instantiate(cfg.tree, **({"model": pair.draft_model} if needs_draft_model(cfg.tree) else {}))
+    if drafter.most_nodes > max_nodes:
+        raise ConfigError(
+            f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but max_nodes="
+            f"{max_nodes}: lower tree.nodes or raise max_nodes"
+        )
+    return drafter
+
+
+def choose_threads_for(plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ThreadChoice | None:
+    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever is fastest here and now (one target
+    step, one verification pass of width k + 1 (5 for k=auto) and one prompt pass), set for the run; None
+    otherwise."""
+    if plan.threads != AUTO or not plan.device.startswith("cpu"):
+        return None
+    cores = os.cpu_count() or 1
+    counts = [2**i for i in range(cores.bit_length()) if 2**i <= cores]
+    ids = encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat)
+    choice = choose_threads(target, ids, counts, width=5 if plan.k == AUTO else plan.k + 1)
+    torch.set_num_threads(choice.threads)
+    return choice
+
+
+def target_key(cfg: DictConfig) -> str:
+    """The settings that decide which target loads."""
+    q = quantization_of(cfg, "target")
+    key = [cfg.model.target.name, q, cfg.quantization.compute_dtype if q != "none" else None, cfg.device, cfg.dtype,
+           cfg.threads]  # fmt: skip
+    return json.dumps(key, default=str)
+
+
+def pair_key(cfg: DictConfig) -> str:
+    """The settings that decide which weights load: the jobs of a sweep over k or temperature share one pair
+    (a calibrated pair keeps the draft its first job's calibration chose, at that job's k and sampling)."""
+    draft = OmegaConf.to_container(draft_node(cfg), resolve=True, throw_on_missing=False)
+    return json.dumps([target_key(cfg), draft], sort_keys=True, default=str)
+
+
+class Pairs:
+    """Pairs built so far, sharing their target: the jobs of a sweep, the contenders of a benchmark. A job with
+    another target frees everything before it loads (one target in memory at a time)."""
+
+    def __init__(self) -> None:
+        self.targets: dict[str, Target] = {}
+        self.drafts: dict[str, Draft] = {}
+
+    def target(self, cfg: DictConfig, plan: Plan) -> Target:
+        key = target_key(cfg)
+        if key not in self.targets:
+            self.targets[key] = load_target(cfg, plan)
+        return self.targets[key]
+
+    def get(self, cfg: DictConfig, plan: Plan) -> Pair:
+        """The pair of cfg, reusing the target and the draft of earlier pairs with the same settings."""
+        if target_key(cfg) not in self.targets:  # another target: free what the earlier ones loaded first
+            self.targets.clear()
+            self.drafts.clear()
+            gc.collect()
+            if plan.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        key = pair_key(cfg)
+        if key not in self.drafts:
+            self.drafts[key] = load_draft(cfg, plan, lambda: self.target(cfg, plan))
+        return Pair(self.target(cfg, plan), self.drafts[key])

@@ -1,0 +1,289 @@
+"""Check a composed config before any model loads, and resolve it once into typed run settings (`Plan`).
+
+What is allowed is declared once: experiments/run/schema.py for the run's own keys and groups, the drafters'
+and trees' constructors for their `_target_` nodes. Everything here is cheap: no model, tokenizer or
+dataset is touched, so a bad value fails in milliseconds with the accepted choices in the message.
+Renamed keys (RENAMED) are refused on the command line with the new key's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from specdec.sampling import Sampling
+
+from ..records import REPO_ROOT
+from .schema import AUTO, Method, RunConfig
+
+CONF_DIR = REPO_ROOT / "conf"  # the config tree at the repository's root
+BASELINE = Method.AUTOREGRESSIVE.value
+RENAMED = {  # a key that no longer exists -> what to write instead
+    "model.draft.kind": "model=<pair> (conf/model/); a pair's drafter is a _target_ node, model.draft (conf/draft/)",
+    "model.draft.fused_4bit": "model.fused_4bit",
+    "model.draft.reads_target_cache": "model.reads_target_cache",
+    "model.draft.quantization": "model.draft.model.quantization (or the quantization group: quantization=nf4)",
+    "model.draft.compute_dtype": "model.draft.model.compute_dtype",
+    "model.draft.n_layers": "model.draft.model.n_layers",
+    "model.draft.name": "model.draft_name",
+    "model.draft.gated": "model.target.gated",
+    "model.draft.candidates": "model.draft.candidates.<name> (a mapping of drafters; drop one with "
+    "~model.draft.candidates.<name>)",
+    "tree.kind": "tree=<option> (conf/tree/: none, ngram, model, hybrid)",
+    "tree.max_nodes": "max_nodes",
+}
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the accepted values."""
+
+
+def check_renamed(overrides: list[str]) -> None:
+    """Refuse a command-line override of a renamed key, naming the new one (before Hydra composes)."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED and not (key == "model.draft.candidates" and override.startswith("~")):
+            raise ConfigError(f"{key} was renamed: use {RENAMED[key]}")
+
+
+def check_choice(value: object, choices: tuple[str, ...], key: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not supported; choices: {', '.join(choices)}")
+
+
+def check_int(value: object, key: str, minimum: int, also: tuple[str, ...] = ()) -> None:
+    if value in also:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        accepted = "".join(f" or {a!r}" for a in also)
+        raise ConfigError(f"{key} must be an integer >= {minimum}{accepted}, got {value!r}")
+
+
+def check_node(node: DictConfig, schema: type, prefix: str = "") -> None:
+    """Every key of `node` against its field in the schema dataclass: set, one of its choices, in its bounds."""
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        if OmegaConf.is_missing(node, f.name):
+            raise ConfigError(f"{key} must be set")
+        value = node[f.name]
+        if dataclasses.is_dataclass(f.type):  # a nested group
+            check_node(value, f.type, f"{key}.")
+            continue
+        meta = f.metadata
+        if value is None and meta.get("optional"):
+            continue
+        if "choices" in meta:
+            check_choice(value, meta["choices"], key)
+        if "minimum" in meta:
+            minimum = meta["minimum"]
+            check_int(value, key, node[minimum] if isinstance(minimum, str) else minimum, meta["also"])
+
+
+def sampling_of(cfg: DictConfig) -> Sampling:
+    """The library's Sampling from temperature, top_k, top_p (its own checks, re-raised as ConfigError)."""
+    try:
+        temperature, top_p = float(cfg.temperature), float(cfg.top_p)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"temperature and top_p must be numbers, got {cfg.temperature!r}, {cfg.top_p!r}") from e
+    check_int(cfg.top_k, "top_k", 0)
+    try:
+        return Sampling(temperature=temperature, top_k=cfg.top_k, top_p=top_p)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def candidates_of(cfg: DictConfig) -> DictConfig | None:
+    """The drafters a calibrated pair chooses from (model.draft.candidates), or None for one drafter."""
+    return cfg.model.draft.get("candidates") if "_target_" not in cfg.model.draft else None
+
+
+def has_draft_model(cfg: DictConfig) -> bool:
+    """Whether the pair loads a draft language model (the naive method and model trees need one)."""
+    drafters = candidates_of(cfg) or {"draft": cfg.model.draft}
+    return any("model" in node for node in drafters.values())
+
+
+def needs_draft_model(node: DictConfig) -> bool:
+    """A tree (or drafter) node whose `model` the run fills in with the pair's draft model (`model: ???`)."""
+    return OmegaConf.is_missing(node, "model")  # (`"model" in node` is False for a missing value)
+
+
+def methods_of(cfg: DictConfig) -> list[str]:
+    """Methods to run, baseline first; method=all runs speculative and naive (naive only with a draft model)."""
+    method = Method(cfg.method)
+    if method is Method.ALL:
+        return [BASELINE, Method.SPECULATIVE.value] + ([Method.NAIVE.value] if has_draft_model(cfg) else [])
+    return [BASELINE] if method is Method.AUTOREGRESSIVE else [BASELINE, method.value]
+
+
+def quantization_of(cfg: DictConfig, role: str) -> str:
+    """Quantization the quantization group gives the target or a draft model ("none" if it does not apply)."""
+    q = cfg.quantization
+    return q.mode if q.applies_to in (role, "both") else "none"
+
+
+def check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, and CUDA actually present when asked for."""
+    if device == "cpu":
+        return
+    if not re.fullmatch(r"cuda(:\d+)?", str(device)):
+        raise ConfigError(f"device={device!r} is not supported; choices: cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device} but CUDA is not available here. Run on a GPU machine, or add device=cpu "
+            "dtype=float32 (hub pairs are slow on a CPU), or use an offline pair: model=smollm2"
+        )
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+
+class ModelUsed(Exception):
+    """Raised by StandInModel: the constructor got past its argument checks."""
+
+
+class StandInModel:
+    """Takes a draft model's (or a tokenizer's) place while a drafter node is checked: its first use ends the
+    build."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # introspection (OmegaConf, Hydra) is not a use
+            raise AttributeError(name)
+        raise ModelUsed(name)
+
+
+def check_target(node: object, key: str) -> None:
+    """A drafter or tree node names its class with _target_ and its constructor accepts its arguments: built
+    here with a stand-in for any draft model (constructors check their arguments before they use the model),
+    so a bad value fails in milliseconds, before any weights load."""
+    if not OmegaConf.is_dict(node) or "_target_" not in node:
+        raise ConfigError(f"{key} must name a drafter class with _target_ (see conf/draft/ and conf/tree/), got {node!r}")
+    takes_model = "model" in node or OmegaConf.is_missing(node, "model")
+    stand_ins = {"model": StandInModel()} if takes_model else {}
+    stand_ins |= {key: StandInModel() for key in ("draft_tokenizer", "target_tokenizer") if key in node}  # nor
+    # tokenizers: a cross-vocabulary drafter's (specdec.draft.cross_vocab) load in seconds
+    try:
+        instantiate(node, **stand_ins)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, ModelUsed):  # the arguments passed; the build stopped at the model
+            return
+        cause = e.__cause__ if isinstance(e.__cause__, (ValueError, TypeError)) else e
+        raise ConfigError(f"{key} ({node._target_}): {cause}") from e
+
+
+def check_drafters(cfg: DictConfig) -> None:
+    """model.draft is one drafter node, or candidates to calibrate; a tree that drafts with the pair's draft
+    model needs a pair that has one."""
+    candidates = candidates_of(cfg)
+    if candidates is None:
+        check_target(cfg.model.draft, "model.draft")
+    elif not candidates:
+        raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate")
+    for name, node in (candidates or {}).items():
+        check_target(node, f"model.draft.candidates.{name}")
+    if cfg.tree:
+        check_target(cfg.tree, "tree")
+    check_target(cfg.verify, "verify")
+    rule = cfg.verify._target_.rsplit(".", 1)[-1]
+    if cfg.tree and rule == "BlockVerification":
+        raise ConfigError(
+            "verify=block verifies chains, but tree= verifies a token tree per pass: use verify=traversal (block "
+            "verification carried to trees), verify=token, or tree=none"
+        )
+    if not cfg.tree and rule == "TraversalVerification":
+        raise ConfigError(
+            "verify=traversal verifies token trees, but tree=none verifies a chain: use verify=block (traversal "
+            "verification on a chain is block verification), or a tree (tree=model, tree=ngram)"
+        )
+    if cfg.tree and needs_draft_model(cfg.tree) and not has_draft_model(cfg):
+        raise ConfigError(
+            f"tree={cfg.tree._target_.rsplit('.', 1)[-1]} drafts with a draft model, but model={cfg.model.name} "
+            "drafts with an n-gram lookup; use tree=ngram, or a pair with a draft model (model=smollm2_weak, "
+            "model=smollm2)"
+        )
+
+
+def check_hf_k(cfg: DictConfig) -> None:
+    """Hugging Face's assisted generation and prompt lookup (hf=assisted, hf=lookup) draft a fixed number of
+    tokens, k by default: refuse k=auto there, saying what to use instead."""
+    for key, what in (("num_assistant_tokens", "assisted generation"), ("prompt_lookup", "prompt lookup")):
+        if OmegaConf.select(cfg, f"hf.{key}") == AUTO:
+            raise ConfigError(
+                f"hf.{key} is k, and k=auto (this pair's default), but Hugging Face's {what} drafts a fixed number "
+                f"of tokens: give an integer k (k=4) or hf.{key}; Hugging Face's own dynamic schedule is "
+                "hf=assisted_default"
+            )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse every value that cannot work, before any model or dataset loads."""
+    check_hf_k(cfg)
+    check_node(cfg, RunConfig)
+    sampling_of(cfg)
+    check_drafters(cfg)
+    if cfg.method == Method.NAIVE and not has_draft_model(cfg):
+        raise ConfigError(
+            f"method=naive needs a draft model, but model={cfg.model.name} drafts with an n-gram lookup; "
+            "use model=smollm2 (or another pair with a draft model), or method=speculative"
+        )
+    if cfg.method == Method.HF and cfg.hf.assistant and not has_draft_model(cfg):
+        raise ConfigError(f"hf.assistant needs a draft model, but model={cfg.model.name} has none; use hf=lookup")
+    categories = cfg.dataset.categories
+    if categories is not None and (isinstance(categories, str) or len(categories) == 0):
+        raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
+    check_device(str(cfg.device))
+    if cfg.batch_size > 1 and cfg.method == Method.HF and (cfg.hf.assistant or cfg.hf.prompt_lookup):
+        raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
+                          "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")
+    if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
+        raise ConfigError("batch_size > 1 with a tree takes a fixed depth: k='auto' prices one sequence's trees; "
+                          "set k to an int, or tree=none for chains with k=auto")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's own settings, typed, resolved from the validated config once."""
+
+    methods: list[str]
+    sampling: Sampling
+    k: int | str  # an int or "auto"
+    k_max: int
+    max_nodes: int
+    max_new_tokens: int
+    warmup_tokens: int
+    seed: int
+    device: str
+    threads: int | str | None  # an int, "auto" or None (torch's default)
+    chat: bool  # prompts through the chat template
+    trees: bool  # the speculative method verifies a token tree per pass (cfg.tree)
+    tree_k: int | str | None  # tree_generate's k: "auto", else the tree's own depth (an integer k sets chains)
+    longest: int  # the longest draft a round may verify: k_max for k=auto, else the tree's depth or k
+    batch_size: int = 1  # prompts decoded together
+
+    @property
+    def chain_k(self) -> int | None:
+        """The fixed draft length of a chain (what Thm 3.8 is checked at); None for k=auto and trees."""
+        return None if self.trees or self.k == AUTO else self.k
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.greedy
+
+
+def plan_of(cfg: DictConfig) -> Plan:
+    """Validate cfg and resolve the run's settings (the drafters stay config nodes until the pair builds them)."""
+    validate(cfg)
+    trees, auto = bool(cfg.tree), cfg.k == AUTO
+    depth = cfg.tree.get("depth") if trees else None
+    return Plan(
+        methods_of(cfg), sampling_of(cfg), cfg.k, cfg.k_max, cfg.max_nodes, cfg.max_new_tokens,
+        cfg.warmup_tokens, cfg.seed, str(cfg.device), cfg.threads, cfg.dataset.chat, trees,
+        tree_k=AUTO if auto else depth, longest=cfg.k_max if auto else (depth or cfg.k_max) if trees else cfg.k,
+        batch_size=cfg.batch_size,
+    )  # fmt: skip

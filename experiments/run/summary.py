@@ -1,0 +1,336 @@
+"""Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, and summary.md.
+
+Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
+tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
+its accepted depth is the number of draft tokens it accepted (the depth of the accepted path of a
+tree, the accepted prefix of a chain). With k=auto each round's k is chosen by specdec.choose.cost.CostModel,
+which also predicts E(k) tokens in C(k) seconds for the rounds after its warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from specdec.theory import expected_tokens_per_pass, optimal_k, walltime_improvement
+
+from ..records import cell, machine_sentence, markdown_table, strict_json
+
+BASELINE = "autoregressive"
+TABLE_COLUMNS = {  # column -> how the markdown table prints it
+    "prompts": "{:.0f}",
+    "new_tokens": "{:.0f}",
+    "latency_s": "{:.2f}",
+    "tokens_per_second": "{:.2f}",
+    "speedup": "{:.2f}",
+    "acceptance_rate": "{:.3f}",
+    "mean_accepted_length": "{:.2f}",
+    "alpha": "{:.3f}",
+    "nll_per_token": "{:.3f}",
+    "agreement": "{:.3f}",
+    "distinct_2": "{:.3f}",
+    "repetition_4": "{:.3f}",
+    "article_log_likelihood": "{:.4f}",
+    "weights_mb": "{:.0f}",
+    "peak_rss_mb": "{:.0f}",
+    "peak_cuda_mb": "{:.0f}",
+}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def wall_seconds(rows: pd.DataFrame) -> float:
+    """Seconds the method ran: each prompt's own, or each batch's wall time once (batch_size > 1)."""
+    if "batch_seconds" in rows and rows["batch_seconds"].notna().any():
+        return float(rows.drop_duplicates("batch")["batch_seconds"].sum())
+    return float(rows["seconds_total"].sum())
+
+
+def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
+    """Aggregate one method's prompts: throughput over all tokens, quality as a mean over prompts."""
+    speculative = rows["drafted"].sum() > 0
+    return {
+        "prompts": len(rows),
+        "new_tokens": rows["emitted"].sum(),
+        "latency_s": rows["seconds_total"].mean(),  # per row: to its last token (a batch's rows end apart)
+        "tokens_per_second": ratio(rows["emitted"].sum(), wall_seconds(rows)),  # throughput over every row
+        "acceptance_rate": ratio(rows["accepted"].sum(), rows["drafted"].sum()) if speculative else math.nan,
+        "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
+        if speculative or method == BASELINE
+        else math.nan,
+        "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
+        "nll_per_token": rows["nll"].mean(),
+        "agreement": rows["agreement"].mean(),
+        "distinct_2": rows["distinct_2"].mean(),
+        "repetition_4": rows["repetition_4"].mean(),
+        "article_log_likelihood": rows["article_log_likelihood"].mean()
+        if "article_log_likelihood" in rows
+        else math.nan,
+        "weights_mb": rows["weights_mb"].max(),
+        "peak_rss_mb": rows["peak_rss_mb"].max(),
+        "peak_cuda_mb": rows["peak_cuda_mb"].max(),
+    }
+
+
+def method_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per method (baseline first) with throughput, speedup, acceptance, quality and memory."""
+    order = [m for m in ("autoregressive", "speculative", "naive", "hf") if m in set(rows["method"])]
+    table = pd.DataFrame({m: method_row(m, rows[rows["method"] == m]) for m in order}).T
+    table.index.name = "method"
+    base = table.loc[BASELINE, "tokens_per_second"] if BASELINE in table.index else math.nan
+    table.insert(4, "speedup", table["tokens_per_second"] / base)
+    return table
+
+
+def theory(rows: pd.DataFrame, k: int) -> dict[str, float]:
+    """Measured c and verify cost, and Thm 3.8's speedup for the measured alpha, c and k (with one pass counted
+    as one step, as the theorem does, and with the measured verify cost).
+
+    c = (draft seconds per round / k) / (seconds per target decode step of the baseline);
+    verify_cost = seconds per verification pass / seconds per baseline step (1 in the theory).
+    """
+    base, spec = rows[rows["method"] == BASELINE], rows[rows["method"] == "speculative"]
+    if base.empty or spec.empty or spec["drafted"].sum() == 0:
+        return {}
+    step = ratio(base["seconds_verify"].sum(), base["target_forwards"].sum())
+    rounds = spec["target_forwards"].sum()
+    c = ratio(spec["seconds_draft"].sum(), rounds) / k / step
+    alpha = ratio(spec["overlap_sum"].sum(), spec["overlap_count"].sum())
+    verify_cost = ratio(spec["seconds_verify"].sum(), rounds) / step
+    produced = [n + 1 for n in flatten(spec["accepted_per_round"])]  # tokens per pass, before end-token cuts
+    return {
+        # Eq. 1 for the measured alpha at each round's draft length (the last rounds draft fewer, within the
+        # budget), against the tokens the rounds produced, with their standard error
+        "predicted_tokens_per_pass": mean([expected_tokens_per_pass(alpha, j) for j in flatten(spec["chosen_k"])]),
+        "produced_tokens_per_pass": mean(produced),
+        "produced_tokens_per_pass_se": statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan,
+        "c": c,
+        "verify_cost": verify_cost,
+        "theoretical_speedup": walltime_improvement(alpha, c, k),
+        "theoretical_speedup_with_verify_cost": walltime_improvement(alpha, c, k, verify_cost),
+        "optimal_k": optimal_k(alpha, c),
+    }
+
+
+def flatten(lists: pd.Series) -> list[int]:
+    """The per-round lists of every prompt, one after another."""
+    return [value for values in lists for value in values]
+
+
+def counts(values: list[int], longest: int = 0) -> list[int]:
+    """counts[v]: how many of the values equal v, for v = 0..max(longest, max(values))."""
+    top = max([longest, *values])
+    return [sum(1 for v in values if v == i) for i in range(top + 1)]
+
+
+def mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def shares(prefix: str, values: list) -> dict[str, float]:
+    """{prefix/value: share of the rounds} for each value seen but "" (a round that drafted nothing)."""
+    return {f"{prefix}/{v}": values.count(v) / len(values) for v in sorted(set(values)) if v != ""}
+
+
+def listed_shares(metrics: dict[str, float], prefix: str, unit: str = "") -> str:
+    """The shares of one prefix as a sentence's list, largest first ("dynamic_int8 60%, nf4 8%")."""
+    found = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith(prefix + "/")}
+    return ", ".join(f"{name}{unit} {100 * v:.0f}%" for name, v in sorted(found.items(), key=lambda x: -x[1]))
+
+
+def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """The speculative method's rounds: their number, chosen k, tree size and accepted depth (means and
+    histograms, longest = k_max or the tree depth), and the cost model's predicted against measured rate."""
+    spec = rows[rows["method"] == "speculative"]
+    if spec.empty:
+        return {}, {}
+    accepted = flatten(spec["accepted_per_round"])
+    metrics = {"rounds": float(spec["target_forwards"].sum()), "accepted_depth_mean": mean(accepted)}
+    histograms = {"accepted_depth": counts(accepted, longest)}
+    chosen = flatten(spec["chosen_k"])
+    if chosen:  # the draft length (a tree: its depth) of every round, 0: a plain target step
+        metrics["chosen_k_mean"] = mean(chosen)
+        metrics["plain_step_share"] = mean([k == 0 for k in chosen])  # rounds that drafted nothing
+        histograms["chosen_k"] = counts(chosen, longest)
+    # k=auto over candidates: the share of rounds each one drafted ("": none), and each torch thread count ran
+    metrics.update(shares("draft_share", flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []))
+    metrics.update(shares("threads_share", flatten(spec["chosen_threads"]) if "chosen_threads" in spec else []))
+    nodes = flatten(spec["tree_nodes"])
+    if nodes:  # trees: nodes verified and depth proposed per pass
+        metrics["tree_nodes_mean"] = mean(nodes)
+        metrics["tree_depth_mean"] = mean(flatten(spec["tree_depths"]))
+    if spec["predicted_seconds"].sum() > 0:  # rounds the cost model predicted (k=auto after warm-up)
+        metrics["predicted_tokens_per_second"] = ratio(
+            spec["predicted_tokens"].sum(), spec["predicted_seconds"].sum()
+        )
+        metrics["measured_tokens_per_second"] = ratio(
+            spec["measured_tokens"].sum(), spec["measured_seconds"].sum()
+        )
+        metrics["predicted_over_measured"] = ratio(
+            metrics["predicted_tokens_per_second"], metrics["measured_tokens_per_second"]
+        )
+    return metrics, histograms
+
+
+def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]]) -> str:
+    """What the speculative rounds did, in sentences (empty when the method did not run)."""
+    if "rounds" not in metrics:
+        return ""
+
+    def listed(name: str) -> str:
+        return ", ".join(f"{value}: {n}" for value, n in enumerate(histograms[name]))
+
+    passes = (
+        f"Speculative rounds (target passes): {metrics['rounds']:.0f}, "
+        f"{metrics['tokens_per_pass/speculative']:.2f} tokens per target pass "
+        f"(target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f})."
+    )
+    depth = (
+        f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
+        f"rounds by depth {listed('accepted_depth')}."
+    )
+    lines = [passes, depth]
+    if "chosen_k" in histograms:
+        lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
+        lines.append(
+            f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the last "
+            "round of a budget, where no draft token fits, included)."
+        )
+    threads, drafts = listed_shares(metrics, "threads_share", " threads"), listed_shares(metrics, "draft_share")
+    if threads:
+        lines.append(f"Torch thread count chosen each round (threads=auto): {threads} of the rounds.")
+    if drafts:
+        lines.append(
+            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} of "
+            "the rounds (figures/decisions.png: the choices over the run)."
+        )
+    if "tree_nodes_mean" in metrics:
+        lines.append(
+            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, "
+            f"depth {metrics['tree_depth_mean']:.2f}."
+        )
+    if "predicted_tokens_per_second" in metrics:
+        lines.append(
+            f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
+            f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
+            f"(ratio {metrics['predicted_over_measured']:.2f})."
+        )
+    return "\n".join(lines) + "\n\n"
+
+
+def run_metrics(
+    table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int
+) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard, and the
+    histograms of the speculative rounds. k: the fixed chain length Thm 3.8 is checked at (None for
+    k=auto and trees); longest: the longest draft (k, k_max or the tree depth)."""
+    metrics: dict[str, float] = {}
+    if "speculative" in table.index:
+        spec = table.loc["speculative"]
+        metrics.update(
+            acceptance_rate=spec["acceptance_rate"],
+            mean_accepted_length=spec["mean_accepted_length"],
+            alpha=spec["alpha"],
+            speedup=spec["speedup"],
+        )
+        if k is not None:
+            metrics.update(theory(rows, k))
+    if "naive" in table.index:
+        metrics["speedup/naive"] = table.loc["naive", "speedup"]
+        metrics["article_log_likelihood"] = table.loc["naive", "article_log_likelihood"]
+    for method, row in table.iterrows():
+        metrics[f"tokens_per_second/{method}"] = row["tokens_per_second"]
+        metrics[f"latency_s/{method}"] = row["latency_s"]
+        metrics[f"peak_memory_mb/{method}"] = row["peak_rss_mb"]
+        metrics[f"cuda_peak_memory_mb/{method}"] = row["peak_cuda_mb"]
+        metrics[f"weights_mb/{method}"] = row["weights_mb"]
+        metrics[f"nll_per_token/{method}"] = row["nll_per_token"]
+        metrics[f"agreement/{method}"] = row["agreement"]
+        metrics[f"distinct_2/{method}"] = row["distinct_2"]
+        metrics[f"repetition_4/{method}"] = row["repetition_4"]
+    for method in ("autoregressive", "speculative"):
+        if method in table.index:
+            done = rows[rows["method"] == method]
+            metrics[f"tokens_per_pass/{method}"] = ratio(done["emitted"].sum(), done["target_forwards"].sum())
+    rounds, histograms = round_metrics(rows, longest)
+    metrics.update(rounds)
+    return {key: float(value) for key, value in metrics.items()}, histograms
+
+
+def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
+    """A plain sentence on how far the naive method's outputs are from the target's."""
+    if "naive" not in table.index:
+        return "The naive method did not run (method or pair without a draft model)."
+    base, naive = table.loc[BASELINE], table.loc["naive"]
+    gap = naive["nll_per_token"] - base["nll_per_token"]
+    sentence = (
+        f"The naive method (draft-then-score) returns the draft model's text unchanged: the target assigns it "
+        f"{naive['nll_per_token']:.3f} nats per token against {base['nll_per_token']:.3f} for its own output "
+        f"({gap:+.3f} nats, {math.exp(gap):.2f}x the perplexity)"
+    )
+    if greedy:
+        sentence += f", and only {naive['agreement']:.0%} of its tokens match the target's greedy output"
+        if "speculative" in table.index:
+            sentence += f" (speculative decoding: {table.loc['speculative', 'agreement']:.0%})"
+    return sentence + "."
+
+
+def method_markdown(table: pd.DataFrame) -> str:
+    """The method table as a GitHub markdown table (NaN printed as a dash)."""
+    columns = [c for c in TABLE_COLUMNS if c in table.columns and table[c].notna().any()]
+    rows = [
+        [method, *(cell(float(row[c]), TABLE_COLUMNS[c]) for c in columns)]
+        for method, row in table.iterrows()
+    ]
+    return markdown_table(["method", *columns], rows)
+
+
+def write_summary(
+    run_dir: Path,
+    keys: dict,
+    table: pd.DataFrame,
+    metrics: dict,
+    histograms: dict[str, list[int]],
+    sentence: str,
+    done: int,
+) -> str:
+    """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
+    theory = ""
+    if "c" in metrics:
+        theory = (
+            f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
+            f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
+            f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
+            f"{metrics['verify_cost']:.2f} target decode steps here (the theory assumes 1); with that pass cost "
+            f"the theorem predicts {metrics['theoretical_speedup_with_verify_cost']:.2f}x.\n\n"
+        )
+    settings = ", ".join(f"{key}={value}" for key, value in keys.items())
+    table_text = method_markdown(table)
+    env = json.loads((run_dir / "environment.json").read_text())
+    text = (
+        f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
+        f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
+    )
+    choices = {}  # threads=auto's choice and the calibrated draft's, and why (written by pair.write_calibration)
+    for name in ("threads", "calibration"):
+        if (run_dir / f"{name}.json").exists():
+            text += f"\n{(run_dir / f'{name}.md').read_text()}"
+            choices[name] = json.loads((run_dir / f"{name}.json").read_text())
+    (run_dir / "summary.md").write_text(text)
+    table.to_csv(run_dir / "summary.csv")
+    summary = {
+        "config": keys,
+        "metrics": {k: strict_json(v) for k, v in metrics.items()},
+        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
+        "prompts_done": done,
+        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
+        **choices,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return text

@@ -1,0 +1,303 @@
+"""How much to speculate: draft lengths chosen each round from costs and acceptance measured online.
+
+Notation of Leviathan et al. (2023): k (their gamma) draft tokens, a_i the probability that draft
+position i is accepted given that positions 1..i-1 were. A round that drafts k tokens emits in
+expectation
+
+    E(k) = sum_{j=0..k} prod_{i<=j} a_i        (E(0) = 1: a plain target step)
+
+tokens and costs C(k) = T_pass(k + 1) + T_draft(k) seconds, with T_pass(w) the time of one target
+pass over w tokens (T_pass(1) is a plain step) and T_draft(k) the time to draft k tokens. Each round
+picks k in 0..k_max maximising E(k) / C(k), the expected tokens per second. This is Leviathan's
+Thm 3.8 with per-position acceptance and the measured pass cost in place of "1".
+
+The rule looks only at earlier rounds (their times and acceptance), never at this round's target
+distribution p, so the emitted sequence keeps the target's distribution: whatever k a round uses,
+speculative sampling with that k is exact, and k is fixed before p is seen.
+
+Every number is measured while generating; nothing is a hard-coded timing constant:
+- T_pass(w): the median of the last `window` passes of width w that are recent (measured in the last
+  `max_age` rounds; a width measured longer ago counts by its newest pass alone, so that a change of
+  machine load reaches every estimate within a few rounds); an unseen width is read off a least-squares
+  line over the measured widths, never below T_pass(1);
+- T_draft(k): k times the median time per drafted token (`draft_cost="per_token"`, a draft model:
+  each token is one forward), or the median time per call (`draft_cost="per_call"`, prompt lookup:
+  a proposal costs about the same whatever its length);
+- a_i: beta_i = sum_x min(p_i(x), q_i(x)), the probability that position i is accepted given that it
+  is reached (for a deterministic drafter, q_i is one-hot and beta_i = p_i(x_i)), averaged over the
+  rounds that reached position i with weights that decay by `decay` per round; a position with
+  little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`).
+
+A round with k = 0 is a plain target step and calls no drafter (a draft model catches up on the
+unseen tail at its next proposal). A lookup drafter is asked for the chosen k tokens, which for prompt
+lookup is the first k of what it would propose for k_max.
+
+Warm-up: the first round is a plain step (measures T_pass(1)); rounds then draft k_max tokens until a
+pass wider than one token and a draft have been timed. Exploration: the decay also shrinks the
+evidence of positions that are no longer drafted, so after a run of plain steps a_1 drifts back
+towards the prior and drafting is tried again (unless drafting is too expensive for any acceptance).
+
+Token trees (specdec.tree_generate with k="auto"): specdec.choose.tree_cost.TreeCostModel chooses a depth and a
+node budget per round with acceptance learned per depth and sibling rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from ..theory import best_draft_length, expected_tokens
+
+DraftCost = Literal["per_token", "per_call"]
+DRAFT_COSTS = ("per_token", "per_call")
+
+
+def linear_fit(widths: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of seconds against width (needs two distinct widths)."""
+    mean_w = sum(widths) / len(widths)
+    mean_s = sum(seconds) / len(seconds)
+    var = sum((w - mean_w) ** 2 for w in widths)
+    slope = sum((w - mean_w) * (s - mean_s) for w, s in zip(widths, seconds)) / var
+    return mean_s - slope * mean_w, slope
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A round's draft length k (a tree: its depth; 0: a plain target step; None: as deep as the drafter
+    likes within the budget), a tree's node budget (None: no pruning), and the model's E and C (None while
+    warming up or for a fixed rule)."""
+
+    k: int | None
+    nodes: int | None = None
+    expected_tokens: float | None = None
+    seconds: float | None = None
+    draft: str | None = None  # the candidate chosen online (specdec.choose.online; "": no draft), None: one drafter
+    threads: int | None = None  # the torch thread count chosen online (specdec.choose.online.OnlineThreadChoice)
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        """(E, C), or None when the round was not predicted."""
+        return None if self.seconds is None else (self.expected_tokens, self.seconds)
+
+
+class Round(Protocol):
+    """What a rule observes of a finished round (specdec.decoding.Round has these fields)."""
+
+    choice: Choice
+    proposed: object  # the drafter's proposal (a tree: before pruning), with .size and .parents
+    verified: object  # what the target scored
+    path: list[int]  # accepted node ids of `verified`
+    overlaps: torch.Tensor  # (observed,) beta = sum_x min(p, q) on the output path
+    seconds: dict[str, float]  # "draft", "verify"
+
+
+class FixedDraftLength:
+    """k draft tokens every round (fewer near the end of the budget): the classical algorithm. For trees k
+    is the depth; k=None lets the drafter draft as deep as it likes within the budget."""
+
+    clock = None  # reads no times: the loop need not synchronize the device around its phases
+
+    def __init__(self, k: int | None):
+        self.k = k
+
+    def choose(self, limit: int) -> Choice:
+        return Choice(None if self.k is None else min(self.k, limit))
+
+    def observe(self, round: Round) -> None:
+        pass
+
+
+class Rule(Protocol):
+    """What the decoding loop asks of a rule: a choice from earlier rounds only, and each finished round."""
+
+    clock: Callable[[], float] | None  # the clock the rule reads round times with; None: it reads none
+
+    def choose(self, limit: int) -> Choice:
+        """This round's draft length (and node budget), at most `limit` (tokens left in the budget, minus one)."""
+
+    def observe(self, round: Round) -> None:
+        """A finished round."""
+
+
+class RecentTimes:
+    """Recent timings of one kind (a pass width, or a drafter's unit), each with the round it was measured in.
+
+    The estimate is the median of the last `window` samples measured within `max_age` rounds of `now`; when none
+    is that recent, the newest sample alone (what the machine did when this was last tried)."""
+
+    def __init__(self, window: int, max_age: int):
+        self.max_age = max_age
+        self.samples: deque[tuple[int, float]] = deque(maxlen=window)  # (round, seconds)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, round: int, seconds: float) -> None:
+        self.samples.append((round, seconds))
+
+    def newest(self) -> int:
+        """The round of the newest sample."""
+        return self.samples[-1][0]
+
+    def median(self, now: int) -> float:
+        recent = [s for r, s in self.samples if r >= now - self.max_age]
+        return statistics.median(recent) if recent else self.samples[-1][1]
+
+
+class CostModel:
+    """Online estimates of pass time by width, draft time and per-position acceptance; picks k per round.
+
+    clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
+    window: recent timings kept per width (median). max_age: rounds after which a timing no longer counts
+    once a newer one exists (default: window). decay: weight kept by older acceptance evidence per round.
+    prior: a_1 before any evidence (optimistic, so that drafting is tried). pass_times: the table of target
+    pass times to fill (width -> RecentTimes), to share one among the cost models of several drafters
+    (specdec.choose.online); default: a table of its own.
+    """
+
+    trees = False  # prices chains: one draft length per round
+
+    def __init__(
+        self,
+        k_max: int = 8,
+        draft_cost: DraftCost = "per_token",
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        window: int = 9,
+        decay: float = 0.9,
+        prior: float = 0.9,
+        max_age: int | None = None,
+        pass_times: dict[int, RecentTimes] | None = None,
+    ):
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
+        if draft_cost not in DRAFT_COSTS:
+            raise ValueError(f"draft_cost must be one of {DRAFT_COSTS}, got {draft_cost!r}")
+        if not 0.0 < decay <= 1.0 or not 0.0 <= prior <= 1.0 or window < 1:
+            raise ValueError(f"need 0 < decay <= 1, 0 <= prior <= 1, window >= 1; got {decay}, {prior}, {window}")
+        self.k_max = k_max
+        self.draft_cost = draft_cost
+        self.clock = clock
+        self.window = window
+        self.decay = decay
+        self.prior = prior
+        self.max_age = window if max_age is None else max_age
+        self.round = 0  # rounds observed: the age of a timing
+        self.pass_times: dict[int, RecentTimes] = {} if pass_times is None else pass_times  # width -> seconds
+        self.draft_times = RecentTimes(window, self.max_age)  # seconds per token or per call
+        self.overlap_sum = [0.0] * k_max  # decayed sum of beta_i over rounds that reached position i
+        self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
+
+    # measurements -----------------------------------------------------------------------------------
+
+    def record_pass(self, width: int, seconds: float) -> None:
+        """One target pass over `width` tokens (1: a plain step) took `seconds`."""
+        self.pass_times.setdefault(width, RecentTimes(self.window, self.max_age)).add(self.round, seconds)
+
+    def record_draft(self, tokens: int, seconds: float) -> None:
+        """A drafter call proposing `tokens` tokens took `seconds` (an empty proposal counts per call only)."""
+        if self.draft_cost == "per_call":
+            self.draft_times.add(self.round, seconds)
+        elif tokens:
+            self.draft_times.add(self.round, seconds / tokens)
+
+    def record_acceptance(self, overlaps: Sequence[float]) -> None:
+        """One round: beta_i = sum_x min(p_i, q_i) at the positions i = 1..len(overlaps) it reached."""
+        for i in range(self.k_max):
+            self.overlap_sum[i] *= self.decay
+            self.overlap_weight[i] *= self.decay
+        for i, beta in enumerate(overlaps[: self.k_max]):
+            self.overlap_sum[i] += beta
+            self.overlap_weight[i] += 1.0
+
+    def observe(self, round: Round) -> None:
+        """A finished round: its draft and verify times, and beta_i at the positions it reached. A k = 0 round
+        called no drafter and times only its pass."""
+        self.round += 1
+        drafted = round.verified.size
+        if round.choice.k:
+            self.record_draft(drafted, round.seconds["draft"])
+        self.record_pass(drafted + 1, round.seconds["verify"])
+        self.record_acceptance(round.overlaps.tolist())  # (observed,) -> host
+
+    # estimates --------------------------------------------------------------------------------------
+
+    def pass_seconds(self, width: int) -> float:
+        """T_pass(width): measured median, else a line through the measured widths, never below T_pass(1)."""
+        if not self.pass_times:
+            raise ValueError("no target pass has been timed yet")
+        if width in self.pass_times:
+            return self.pass_times[width].median(self.round)
+        widths = sorted(self.pass_times)
+        medians = [self.pass_times[w].median(self.round) for w in widths]
+        if len(widths) == 1:
+            return medians[0]
+        floor = medians[0] if widths[0] == 1 else min(medians)
+        intercept, slope = linear_fit(widths, medians)
+        return max(floor, intercept + slope * width)
+
+    def draft_seconds(self, k: int) -> float:
+        """T_draft(k): time to propose k tokens (0 for k = 0: a plain step calls no drafter)."""
+        if k == 0:
+            return 0.0
+        unit = self.draft_times.median(self.round)
+        return unit if self.draft_cost == "per_call" else k * unit
+
+    def proposal_seconds(self, width: int, drafted: int) -> float:
+        """Cost of any proposal (a chain or a tree): one pass over `width` tokens after drafting `drafted`."""
+        return self.pass_seconds(width) + self.draft_seconds(drafted)
+
+    def cost(self, k: int) -> float:
+        """C(k) = T_pass(k + 1) + T_draft(k) seconds for a chain of k; C(0) is a plain target step."""
+        return self.proposal_seconds(k + 1, k)
+
+    def acceptance(self) -> list[float]:
+        """a_1..a_k_max: decayed mean of beta_i, shrunk towards a_{i-1} (a_0 := prior) by one pseudo-round."""
+        estimates, previous = [], self.prior
+        for total, weight in zip(self.overlap_sum, self.overlap_weight):
+            previous = (total + previous) / (weight + 1.0)
+            estimates.append(previous)
+        return estimates
+
+    @property
+    def ready(self) -> bool:
+        """True once a plain step, a wider pass and a draft have been timed."""
+        return 1 in self.pass_times and len(self.pass_times) > 1 and len(self.draft_times) > 0
+
+    # the rule ---------------------------------------------------------------------------------------
+
+    def choose(self, limit: int) -> Choice:
+        """The draft length for the next round, at most `limit` (tokens left in the budget, minus one)."""
+        limit = min(limit, self.k_max)
+        if not self.ready:  # warm-up: a plain step, then the longest draft, until both are timed
+            return Choice(limit if 1 in self.pass_times else 0)
+        return self.predicted(best_draft_length(self.acceptance()[:limit], self.cost))
+
+    def predicted(self, k: int) -> Choice:
+        """k with the model's E(k) and C(k)."""
+        return Choice(k, expected_tokens=expected_tokens(self.acceptance()[:k]), seconds=self.cost(k))
+
+
+def check_draft_cost(drafter: object, expected: DraftCost | None = None) -> DraftCost:
+    """The drafter's declared draft_cost, which k='auto' needs to price a draft; refuse drafters without one."""
+    kind = getattr(drafter, "draft_cost", None)
+    name = type(drafter).__name__
+    if kind not in DRAFT_COSTS:
+        raise ValueError(
+            f"k='auto' needs to know how drafting costs grow with the draft length, but {name} has "
+            f"draft_cost={kind!r}: set the attribute draft_cost = 'per_token' on {name} if each draft token "
+            "costs a forward of a draft model, or 'per_call' if a proposal costs about the same whatever its "
+            "length (a lookup); or pass an int k"
+        )
+    if expected is not None and kind != expected:
+        raise ValueError(
+            f"the CostModel prices drafts {expected!r} but {name} has draft_cost={kind!r}: "
+            f"build it with CostModel(draft_cost={kind!r})"
+        )
+    return kind
