@@ -23,15 +23,17 @@ class BareDrafter:
 def chain_round(k, drafted, overlaps, seconds):
     """What a rule observes of a chain round that chose k and drafted `drafted` tokens."""
     from specdec.choose.cost import Choice
-    from specdec.draft.proposal import Draft
+    from specdec.draft.proposal import Draft, RowProposals
 
-    draft = Draft(torch.zeros(drafted, dtype=torch.long), torch.zeros(drafted, 1))
-    return SimpleNamespace(choice=Choice(k), proposed=draft, verified=draft, path=[], overlaps=overlaps,
+    draft = RowProposals([Draft(torch.zeros(drafted, dtype=torch.long), torch.zeros(drafted, 1))])
+    return SimpleNamespace(choice=Choice(k), proposed=draft, verified=draft, path=[[]], overlaps=[overlaps],
                            seconds=seconds)
 
 
 def tree_round(choice, proposed, kept, path, seconds):
     """What a rule observes of a tree round, from the parents of the proposed and the kept tree."""
-    return SimpleNamespace(choice=choice, proposed=SimpleNamespace(parents=torch.tensor(proposed, dtype=torch.long)),
-                           verified=SimpleNamespace(parents=torch.tensor(kept, dtype=torch.long)), path=list(path),
-                           overlaps=torch.zeros(0), seconds=seconds)
+    def one_row(parents):
+        return SimpleNamespace(rows=[SimpleNamespace(parents=torch.tensor(parents, dtype=torch.long))])
+
+    return SimpleNamespace(choice=choice, proposed=one_row(proposed), verified=one_row(kept), path=[list(path)],
+                           overlaps=[torch.zeros(0)], seconds=seconds)

@@ -124,7 +124,7 @@ class ScriptedRule(CostModel):
         super().__init__(k_max)
         self.script = list(script)
 
-    def choose(self, limit):
+    def choose(self, limit, rows=1):
         return Choice(min(self.script.pop(0) if self.script else self.k_max, limit))
 
 
@@ -149,30 +149,30 @@ class LoggedCostModel(CostModel):
         super().__init__(*args, **kwargs)
         self.log = []
 
-    def choose(self, limit):
+    def choose(self, limit, rows=1):
         choice = super().choose(limit)
         self.log.append(("choose", limit, choice.k))
         return choice
 
     def observe(self, round):
-        self.log.append(("observe", round.choice.k, round.verified.size, round.overlaps.clone(), dict(round.seconds)))
+        self.log.append(("observe", round.choice.k, round.verified.size, round.overlaps[0].clone(), dict(round.seconds)))
         super().observe(round)
 
 
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
     """Each round chooses k before its target pass, and replaying the earlier observations alone gives
     the same choices: this round's p cannot have influenced its k."""
-    import specdec.draft.proposal as spec
+    from specdec.draft.proposal import RowProposals
 
     target, draft = small_vocab_pair
     rule = LoggedCostModel(k_max=4, clock=RandomClock(3))
-    verify = spec.verify
+    score = RowProposals.score
 
-    def logged_verify(*args, **kwargs):
+    def logged_score(self, *args, **kwargs):
         rule.log.append(("verify",))
-        return verify(*args, **kwargs)
+        return score(self, *args, **kwargs)
 
-    monkeypatch.setattr(spec, "verify", logged_verify)
+    monkeypatch.setattr(RowProposals, "score", logged_score)
     g = torch.Generator().manual_seed(0)
     for _ in range(5):
         speculative_generate(target, ModelDrafter(draft), PROMPT, k=rule, max_new_tokens=24, generator=g)
@@ -195,10 +195,10 @@ class SlowDrafter(ModelDrafter):
         self.clock = clock
         self.calls = 0
 
-    def propose(self, sequence, k, sampling, vocab_size, generator):
+    def propose(self, sequences, k, sampling, vocab_size, generator):
         self.calls += 1
         self.clock.now += 50.0 * k
-        return super().propose(sequence, k, sampling, vocab_size, generator)
+        return super().propose(sequences, k, sampling, vocab_size, generator)
 
 
 def test_expensive_draft_falls_back_to_plain_steps():

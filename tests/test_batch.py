@@ -22,19 +22,16 @@ from specdec import (
     Sampling,
     TokenLevel,
     TraversalVerification,
+    TreeCostModel,
     autoregressive_generate,
     speculative_generate,
     tree_generate,
 )
 from specdec.checks import batch_rows
-from specdec.choose.batch_cost import BatchCostModel
-from specdec.draft.batch import BatchModelDrafter
 from specdec.exact import sequence_distribution, sequence_index
-from specdec.runtime.batch_cache import BatchedLM, left_padded
-from specdec.runtime.cached import CachedLM
+from specdec.runtime.cached import CachedLM, left_padded
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.sampling import sample
-from specdec.verify.rows import PerRow
 from specdec.verify.token import residual
 
 PROMPTS = [[0, 5, 3, 7, 5, 3], [0, 9], [0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4]]  # lengths 6, 2, 11
@@ -123,7 +120,7 @@ def test_cache_after_ragged_rounds_equals_a_recomputation(arch):
     model = tiny_model(arch, seed=0, scale=4.0)
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(1, 32, (1, n), generator=g) for n in (3, 7, 1)]
-    lm = BatchedLM(model)
+    lm = CachedLM(model)
     lm.prefill(rows)
     for round_ in range(14):
         lengths = lm.lengths().tolist()
@@ -217,20 +214,20 @@ def test_every_row_has_the_target_distribution(small_vocab_pair, run, sampling):
 # Power: wrong batched rules are caught.
 
 
-class CutToShortest(PerRow):
+class CutToShortest(TokenLevel):
     """Wrong: every row cut to the batch's shortest accepted length, keeping the token it drew after its own
     accepted length (no new draw at the cut)."""
 
-    def accept(self, p, proposals, generator):
-        paths, tokens = super().accept(p, proposals, generator)
+    def accept_rows(self, p, proposals, generator):
+        paths, tokens = super().accept_rows(p, proposals, generator)
         shortest = min(map(len, paths))
         return [path[:shortest] for path in paths], tokens
 
 
-class SharedDraws(PerRow):
+class SharedDraws(TokenLevel):
     """Wrong: one acceptance uniform per draft position, shared by every row."""
 
-    def accept(self, p, proposals, generator):
+    def accept_rows(self, p, proposals, generator):
         r = torch.rand(proposals.size, generator=generator)
         paths, tokens = [], []
         for p_b, draft in zip(p, proposals.rows):
@@ -244,11 +241,11 @@ class SharedDraws(PerRow):
 
 
 def with_rule(acceptance):
-    """speculative_generate with a batched rule in place of PerRow(TokenLevel())."""
+    """speculative_generate with a rule whose accept_rows replaces the token-level rule's (each row on its own)."""
 
     def run(target, draft, prompts, sampling, g):
         return speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=sampling,
-                                    max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance(TokenLevel()))
+                                    max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance())
     return run
 
 
@@ -274,11 +271,11 @@ def joint_first_tokens(run, target, draft, n=N_SAMPLES, vocab=5):
 @pytest.mark.exhaustive  # `make test-all`; notebook 01 section 12 runs the same check in `make test`
 def test_one_draw_shared_by_all_rows_is_caught_and_per_row_draws_are_not(small_vocab_pair):
     """Shared uniforms keep each row's marginal exact but couple the rows: two rows with one prompt then
-    disagree with independent target samples; PerRow's own draws do not."""
+    disagree with independent target samples; the token-level rule's own per-row draws do not."""
     target, draft = small_vocab_pair
     counts, independent = joint_first_tokens(with_rule(SharedDraws), target, draft)
     assert chi_square_pvalue(counts, independent) < REJECT
-    counts, independent = joint_first_tokens(with_rule(PerRow), target, draft)
+    counts, independent = joint_first_tokens(with_rule(TokenLevel), target, draft)
     assert chi_square_pvalue(counts, independent) > PASS
 
 
@@ -289,17 +286,14 @@ def test_auto_k_stops_speculating_where_the_pass_costs_its_width():
     """Fake costs: a pass costs its total token count, a draft step is nearly free and a_i = 0.9. At one row
     drafting pays; at 16 rows, where a pass over R (k + 1) tokens costs R (k + 1), E(k) / C(k) is largest at
     k = 0 once the pass's width dominates."""
-    model = BatchCostModel(k_max=6, draft_cost="per_token")
+    model = CostModel(k_max=6, draft_cost="per_token")
     for rows in (1, 16):
         for width in (1, 2, 3, 5, 7):
             model.record_pass(rows * width, 0.001 * (10 if rows == 1 else rows * width))
-        model.record_batch_draft(rows, 1, 1e-5)
-    model.plain_timed = True
+        model.record_draft(1, 1e-5, rows)
     model.overlap_sum, model.overlap_weight = [0.9 * 50] * 6, [50.0] * 6
-    model.rows = 1
-    assert model.choose(20).k >= 3
-    model.rows = 16
-    assert model.choose(20).k == 0
+    assert model.choose(20, rows=1).k >= 3
+    assert model.choose(20, rows=16).k == 0
 
 
 # Bad input.
@@ -317,25 +311,25 @@ def test_bad_batches_are_refused():
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         batch_rows([[1, 2], []])
     switch = DraftSwitch({"model": ModelDrafter(target), "ngram": NGramDrafter()})
-    with pytest.raises(ValueError, match="DraftSwitch.*does not batch"):
-        speculative_generate(target, switch, ids, k=2)
+    with pytest.raises(ValueError, match="k='auto' with a DraftSwitch chooses a chain draft for one sequence"):
+        speculative_generate(target, switch, ids, k="auto")
     with pytest.raises(ValueError, match="k='auto' for token trees"):
         tree_generate(target, NGramTreeDrafter(), ids, k="auto")
     with pytest.raises(ValueError, match="exceeds the model's context"):
         speculative_generate(target, ModelDrafter(target), ids, max_new_tokens=300)
-    with pytest.raises(TypeError, match="CostModel chooses k for one sequence.*BatchCostModel"):
-        speculative_generate(target, ModelDrafter(target), ids, k=CostModel(4))
+    with pytest.raises(TypeError, match="TreeCostModel chooses for one sequence"):
+        tree_generate(target, NGramTreeDrafter(), ids, k=TreeCostModel(4, "per_call"))
 
 
 def test_a_draft_reading_the_targets_cache_reads_it_and_stays_exact():
-    """BatchModelDrafter(reads_target_cache=True) on a same-shaped draft takes the target's states (no prefill
-    of its own) and gives every row the target's greedy output."""
+    """ModelDrafter(reads_target_cache=True) on a same-shaped draft takes the target's states (no prefill of its
+    own) and gives every row the target's greedy output."""
     target = tiny_model("gemma3", seed=0, scale=20.0)
-    drafter = BatchModelDrafter(perturbed_copy(target, 0.15), reads_target_cache=True)
+    drafter = ModelDrafter(perturbed_copy(target, 0.15), reads_target_cache=True)
     out = speculative_generate(target, drafter, PROMPTS, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
-    assert drafter.target is not None and drafter.synced > 0  # it read the target's cache
+    assert drafter.target is not None and drafter.states.synced > 0  # it read the target's cache
     for b, prompt in enumerate(PROMPTS):
         assert torch.equal(out.tokens[b], hf_alone(target, prompt, N_NEW))
-    other = BatchModelDrafter(tiny_model("llama", n_layers=3), reads_target_cache=True)  # other shapes: its own
+    other = ModelDrafter(tiny_model("llama", n_layers=3), reads_target_cache=True)  # other shapes: its own
     speculative_generate(target, other, PROMPTS, k=3, sampling=GREEDY, max_new_tokens=4)
     assert other.target is None

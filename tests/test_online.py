@@ -106,8 +106,8 @@ def test_a_change_of_load_changes_the_draft_within_a_few_rounds():
     rounds = []  # (time at the round's start, draft)
     choose = rule.choose
 
-    def logged(limit):
-        choice = choose(limit)
+    def logged(limit, rows=1):
+        choice = choose(limit, rows)
         rounds.append((clock.now, choice.draft))
         return choice
 
@@ -149,11 +149,11 @@ def test_switch_and_rule_refuse_bad_input(small_vocab_pair):
     target, draft = small_vocab_pair
     switch = DraftSwitch(candidates(target, draft), default="copy")
     assert switch.selected == "copy"
-    switch.select("ngram")
-    switch.start(PROMPT)
+    switch.use("ngram")
+    switch.start([PROMPT])
     assert switch.selected == "copy"  # a new sequence starts with the default
     with pytest.raises(KeyError, match="no candidate 'nf4'"):
-        switch.select("nf4")
+        switch.use("nf4")
     with pytest.raises(ValueError, match="at least one candidate"):
         DraftSwitch({})
     with pytest.raises(ValueError, match="probe_every <= probe_most"):
@@ -166,21 +166,19 @@ def test_switch_and_rule_refuse_bad_input(small_vocab_pair):
 
 
 class ThreadedClock(LoadClock):
-    """LoadClock whose target pass costs pass_cost[threads] units, the thread count being what the rule last set;
-    a burst of load (busy(now)) makes two threads slower than one, as on a 2-core machine with a busy core."""
+    """LoadClock whose target pass costs pass_cost[threads] units, the thread count being torch's (which the loop
+    sets to the rule's choice each round); a burst of load (busy(now)) makes two threads slower than one, as on a
+    2-core machine with a busy core."""
 
     def __init__(self, busy):
         super().__init__()
-        self.threads, self.busy = 2, busy
-
-    def set_threads(self, threads: int) -> None:
-        self.threads = threads
+        self.busy = busy
 
     def __call__(self) -> float:
         self.readings += 1
         if self.readings % 4 == 0:
             quiet, loaded = {1: 1.6, 2: 1.0}, {1: 1.8, 2: 3.0}
-            self.now += (loaded if self.busy(self.now) else quiet)[self.threads]
+            self.now += (loaded if self.busy(self.now) else quiet)[min(torch.get_num_threads(), 2)]
         return self.now
 
 
@@ -191,7 +189,7 @@ def test_thread_count_follows_the_load():
     clock = ThreadedClock(lambda now: 150.0 <= now < 450.0)
     switch = DraftSwitch({"copy": TimedDrafter(target, clock, 0.2)})
     rules = {t: OnlineDraftChoice(switch, k_max=4, clock=clock) for t in (2, 1)}
-    rule = OnlineThreadChoice(rules, probe_every=8, probe_most=16, set_threads=clock.set_threads)
+    rule = OnlineThreadChoice(rules, probe_every=8, probe_most=16)
     prompt = torch.tensor([[0, 5, 3, 7, 5, 3]])
     expected, rounds = hf_greedy(target, prompt, 200), []
     while clock.now < 650:
@@ -216,8 +214,15 @@ def test_thread_choice_keeps_the_target_distribution(small_vocab_pair):
     target, draft = small_vocab_pair
     switch = DraftSwitch(candidates(target, draft))
     rules = {t: OnlineDraftChoice(switch, k_max=4, clock=RandomClock(t), probe_every=2, probe_most=4) for t in (1, 2)}
-    seen = []
-    rule = OnlineThreadChoice(rules, probe_every=2, probe_most=4, set_threads=seen.append)
+    rule = OnlineThreadChoice(rules, probe_every=2, probe_most=4)
+    seen, choose = [], rule.choose
+
+    def logged(limit, rows=1):
+        choice = choose(limit, rows)
+        seen.append(choice.threads)
+        return choice
+
+    rule.choose = logged
     sampling = SAMPLINGS[1].values[0]  # T = 1
 
     def generate(g):

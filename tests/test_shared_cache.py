@@ -19,7 +19,7 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.draft.model import append_states, can_read_cache
+from specdec.draft.model import can_read_cache
 from specdec.draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
@@ -63,12 +63,16 @@ def test_a_full_attention_draft_reads_the_cache_and_runs_one_token_steps_only():
     assert max(own) == PROMPT.shape[-1] - 1  # without it, the draft prefills the prompt itself
 
 
-def test_a_sliding_window_target_cache_is_not_read():
+def test_a_sliding_window_target_cache_is_read_too():
+    """Every cache layer keeps all its states (a window is a mask), so a copy of a sliding-window target reads
+    the target's cache as well: one-token steps only, and the target's greedy output."""
     target = tiny_model("mistral", seed=0, scale=20.0)
     drafter = ModelDrafter(perturbed_copy(target, 0.15), reads_target_cache=True)
     widths = draft_widths(drafter.model)
-    speculative_generate(target, drafter, PROMPT, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
-    assert drafter.target is None and max(widths) > 1  # it computed its own states
+    out = speculative_generate(target, drafter, PROMPT, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
+    assert drafter.target is not None and set(widths) == {1}
+    assert torch.equal(out.tokens, target.generate(PROMPT, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                                                   do_sample=False)[0, PROMPT.shape[-1] :])
 
 
 def test_other_shapes_are_not_read():
@@ -82,21 +86,21 @@ def test_the_drafter_reads_only_the_cache_offered_before_its_start():
     target = tiny_model("llama", seed=0, scale=20.0)
     drafter = ModelDrafter(perturbed_copy(target, 0.15), reads_target_cache=True)
     speculative_generate(target, drafter, PROMPT, k=3, sampling=GREEDY, max_new_tokens=4)
-    drafter.start(PROMPT)
+    drafter.start([PROMPT])
     assert drafter.target is None and drafter.lm.length == PROMPT.shape[-1] - 1
 
 
 def test_copied_states_are_the_targets_cast_to_the_draft_dtype():
     target = tiny_model("llama", seed=0)
     theirs, mine = CachedLM(target), CachedLM(perturbed_copy(target, 0.1).to(torch.bfloat16))
-    theirs.prefill(PROMPT)
-    append_states(mine, theirs, 0)
+    theirs.prefill([PROMPT])
+    mine.copy_from(theirs, 0)
     assert mine.length == theirs.length == PROMPT.shape[-1] - 1
     for a, b in zip(mine.cache.layers, theirs.cache.layers):
         assert a.keys.dtype == torch.bfloat16
         assert torch.equal(a.keys, b.keys.to(torch.bfloat16)) and torch.equal(a.values, b.values.to(torch.bfloat16))
     theirs.forward(torch.tensor([[4, 2]]))
-    append_states(mine, theirs, mine.length)  # only the new positions are appended
+    mine.copy_from(theirs, mine.length)  # only the new positions are appended
     assert mine.length == theirs.length
     assert torch.equal(mine.cache.layers[0].keys[..., -2:, :], theirs.cache.layers[0].keys[..., -2:, :].bfloat16())
 

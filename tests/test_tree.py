@@ -10,7 +10,6 @@ test rejects a tree whose distinct children are verified with the i.i.d. rule an
 import pytest
 import torch
 from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
-from transformers import DynamicCache
 
 from specdec import (
     GREEDY,
@@ -23,10 +22,11 @@ from specdec import (
     TreeDraft,
     tree_generate,
 )
-from specdec.draft.tree import tree_logits, verify_tree
+from specdec.draft.base import RowDrafter
+from specdec.draft.proposal import RowProposals
+from specdec.draft.tree import ancestry, check_tree
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.masks import tree_mask
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID
 
@@ -49,29 +49,47 @@ def hand_tree(tokens, parents, vocab=32, mode=DETERMINISTIC):
 
 
 def test_mask_on_a_hand_built_tree():
-    """Root children 0 and 1; node 2 under 0; node 3 under 2. Two tail tokens, three cached tokens."""
+    """Root children 0 and 1; node 2 under 0; node 3 under 2; three cached tokens, then the root."""
     tree = hand_tree([4, 5, 6, 7], [-1, -1, 0, 2])
     assert tree.depths() == [1, 1, 2, 3]
-    depths = torch.tensor(tree.depths())
-    seen = tree_mask(tree.ancestors(), depths, cached=3, tail=2, visible=3, window=None)
+    lm = CachedLM(tiny_model("llama"))
+    lm.forward(torch.tensor([[1, 2, 3]]))
+    positions = torch.tensor([[3, 4, 4, 5, 6]])  # the root, then each node at the root's position + its depth
+    seen = lm.masks(positions, node_ancestry(tree))[0, 0]
     expected = torch.tensor(
-        [  # keys: 3 cached | 2 tail | nodes 0 1 2 3
-            [1, 1, 1, 1, 0, 0, 0, 0, 0],
-            [1, 1, 1, 1, 1, 0, 0, 0, 0],
-            [1, 1, 1, 1, 1, 1, 0, 0, 0],
-            [1, 1, 1, 1, 1, 0, 1, 0, 0],
-            [1, 1, 1, 1, 1, 1, 0, 1, 0],
-            [1, 1, 1, 1, 1, 1, 0, 1, 1],
+        [  # keys: 3 cached | root | nodes 0 1 2 3
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0, 1, 0],
+            [1, 1, 1, 1, 1, 0, 1, 1],
         ],
         dtype=torch.bool,
     )
     assert torch.equal(seen, expected)
-    # a window of 3: query positions 3, 4 (tail), 5, 5, 6, 7 (nodes); keys at positions 0, 1, 2 (cached), 3, 4, ...
-    windowed = tree_mask(tree.ancestors(), depths, cached=3, tail=2, visible=3, window=3)
-    key_positions = torch.tensor([0, 1, 2, 3, 4, 5, 5, 6, 7])
-    query_positions = torch.tensor([3, 4, 5, 5, 6, 7])
-    assert torch.equal(windowed, expected & (query_positions[:, None] - key_positions[None, :] < 3))
-    assert not windowed[5, :5].any() and windowed[5, 7:].all()  # node 3 (position 7) sees only 5..7 on its path
+    # a sliding window of 6 (mistral): seven cached tokens at 0..6, the root at 7, nodes at 8, 8, 9, 10
+    lm = CachedLM(tiny_model("mistral"))
+    lm.forward(torch.arange(1, 8)[None])
+    windowed = lm.masks(positions + 4, node_ancestry(tree))[0, 0]
+    key_positions = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 9, 10])
+    wide = torch.cat([torch.ones(5, 4, dtype=torch.bool), expected], dim=1)
+    assert torch.equal(windowed, wide & ((positions[0] + 4)[:, None] - key_positions[None, :] < 6))
+    assert not windowed[4, :5].any() and windowed[4, 5:8].all()  # node 3 (position 10) sees 5..10 on its path
+
+
+def node_ancestry(tree):
+    """(1, 1 + n, 1 + n): the root, then the tree's nodes, as the target's pass sees them."""
+    return ancestry([-1] + [p + 1 for p in tree.parents.tolist()])[None]
+
+
+def tree_pass(lm, sequence, tree):
+    """One pass over the uncached tail of sequence (1, L) and the tree's nodes, each node at the tail's last
+    position plus its depth and seeing its ancestors: the logits (tail + n, V)."""
+    cached, m = lm.length, sequence.shape[-1] - lm.length
+    parents = list(range(-1, m - 1)) + [p + m if p >= 0 else m - 1 for p in tree.parents.tolist()]
+    positions = list(range(cached, cached + m)) + [cached + m - 1 + d for d in tree.depths()]
+    tokens = torch.cat([sequence[:, cached:], tree.tokens[None]], dim=-1)
+    return lm.forward(tokens, torch.tensor([positions]), ancestry(parents)[None])[0]
 
 
 # ---------------------------------------------------------------- compaction equals recomputation
@@ -86,31 +104,28 @@ def scratch_logits(model, ids):
 
 
 @pytest.mark.parametrize("arch", COMPACT_ARCHS)
-@pytest.mark.parametrize("plain_dynamic", [False, True], ids=["growing", "dynamic"])
-def test_tree_pass_and_compaction_equal_recomputation(arch, plain_dynamic):
+def test_tree_pass_and_compaction_equal_recomputation(arch):
     model = tiny_model(arch, seed=0, scale=4.0)
     lm = CachedLM(model)
-    if plain_dynamic:
-        lm.cache = DynamicCache(config=model.config)  # transformers' own layers, concatenating
     lm.forward(SEQUENCE[:, :7], last_only=True)  # prefill; the sequence's last 3 tokens are the unseen tail
     tree = hand_tree([11, 12, 13, 14, 15, 16, 17], [-1, 0, 1, -1, 3, 1, 5])
-    logits = tree_logits(lm, SEQUENCE, tree)  # (3 + 7, V)
+    logits = tree_pass(lm, SEQUENCE, tree)  # (3 + 7, V)
     for path in ([3, 4], [0, 1, 5, 6]):
         reference = scratch_logits(model, torch.cat([SEQUENCE, tree.tokens[path][None]], dim=-1))
         torch.testing.assert_close(logits[:3], reference[7:10], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(logits[3 + torch.tensor(path)], reference[10:], atol=1e-4, rtol=1e-4)
     path = [0, 1, 5, 6]
-    lm.compact(tree.size, torch.tensor(path))
+    lm.keep(tree.size, [path])
     assert lm.length == SEQUENCE.shape[-1] + len(path)
     after = torch.cat([SEQUENCE, tree.tokens[path][None], torch.tensor([[8, 6]])], dim=-1)
-    torch.testing.assert_close(lm.advance(after), scratch_logits(model, after)[-2:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lm.advance([after])[0], scratch_logits(model, after)[-2:], atol=1e-4, rtol=1e-4)
     # a second tree after the compacted path, then a crop-free continuation
     second = hand_tree([2, 3, 4], [-1, -1, 1])
-    logits = tree_logits(lm, torch.cat([after, torch.tensor([[7]])], dim=-1), second)
-    lm.compact(second.size, torch.tensor([1, 2]))
+    logits = tree_pass(lm, torch.cat([after, torch.tensor([[7]])], dim=-1), second)
+    lm.keep(second.size, [[1, 2]])
     final = torch.cat([after, torch.tensor([[7, 3, 4, 5]])], dim=-1)
     torch.testing.assert_close(logits[-2:], scratch_logits(model, final)[-3:-1], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(lm.advance(final), scratch_logits(model, final)[-1:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lm.advance([final])[0], scratch_logits(model, final)[-1:], atol=1e-4, rtol=1e-4)
 
 
 def test_eager_attention_takes_the_float_mask():
@@ -119,7 +134,7 @@ def test_eager_attention_takes_the_float_mask():
     lm = CachedLM(model)
     lm.forward(SEQUENCE[:, :7], last_only=True)
     tree = hand_tree([11, 12, 13], [-1, -1, 1])
-    logits = tree_logits(lm, SEQUENCE, tree)
+    logits = tree_pass(lm, SEQUENCE, tree)
     reference = scratch_logits(model, torch.cat([SEQUENCE, torch.tensor([[12, 13]])], dim=-1))
     torch.testing.assert_close(logits[[2, 4, 5]], reference[[9, 10, 11]], atol=1e-4, rtol=1e-4)
 
@@ -173,31 +188,35 @@ def test_one_token_prompt_with_a_tree_wider_than_the_window(arch):
 
 def test_ngram_trie_merges_matches_latest_first():
     seq = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2]])
-    tree = NGramTreeDrafter(max_ngram=2, min_ngram=2, matches=2, depth=3, nodes=16).propose(seq, 3, GREEDY, 8, None)
+    tree = NGramTreeDrafter(max_ngram=2, min_ngram=2, matches=2, depth=3, nodes=16).propose_row(seq, 3, GREEDY, 8, None)
     # "1 2" occurs at 3 (then 4 1 2) and at 0 (then 3 1 2): two branches, the later match first
     assert tree.tokens.tolist() == [4, 1, 2, 3, 1, 2]
     assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4]
     assert (tree.modes == DETERMINISTIC).all() and torch.equal(tree.q.argmax(-1), tree.tokens)
-    small = NGramTreeDrafter(max_ngram=2, min_ngram=1, matches=4, depth=3, nodes=4).propose(seq, 3, GREEDY, 8, None)
+    small = NGramTreeDrafter(max_ngram=2, min_ngram=1, matches=4, depth=3, nodes=4).propose_row(seq, 3, GREEDY, 8, None)
     assert small.size == 4
 
 
 # ---------------------------------------------------------------- clear errors
 
 
-def test_empty_tree_is_refused_by_verification():
-    lm = CachedLM(tiny_model("llama"))
+def test_empty_tree_is_refused_by_the_check_and_scored_as_a_plain_step():
     empty = TreeDraft(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, 32),
                       torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="tree is empty"):
-        verify_tree(lm, PROMPT, empty, GREEDY, 32)
+        check_tree(empty)
+    lm = CachedLM(tiny_model("llama"))
+    lm.prefill([PROMPT])
+    (p,) = RowProposals([empty]).score(lm, [PROMPT], GREEDY, 32)
+    assert p.shape == (1, 32) and lm.length == PROMPT.shape[-1]  # the root alone: a plain step
 
 
 @pytest.mark.parametrize("parents", [[-1, 2, 0], [-1, 0, 5], [-1, -2, 0], [-1, 1, 0]])
 def test_parent_out_of_range_or_not_topological(parents):
     lm = CachedLM(tiny_model("llama"))
+    lm.prefill([PROMPT])
     with pytest.raises(ValueError, match="parent must be -1"):
-        verify_tree(lm, PROMPT, hand_tree([1, 2, 3], parents), GREEDY, 32)
+        RowProposals([hand_tree([1, 2, 3], parents)]).score(lm, [PROMPT], GREEDY, 32)
 
 
 def test_tree_wider_than_the_pass_limit():
@@ -275,20 +294,17 @@ def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) > PASS
 
 
-class OriginalQ:
+class OriginalQ(RowDrafter):
     """A deliberately wrong tree: distinct children relabelled i.i.d. and given the original q row."""
 
     def __init__(self, drafter):
         self.drafter, self.vocab_size = drafter, drafter.vocab_size
 
-    def start(self, prompt):
-        self.drafter.start(prompt)
+    def start_row(self, prompt):
+        self.drafter.start([prompt])
 
-    def rollback(self, length):
-        self.drafter.rollback(length)
-
-    def propose(self, *args):
-        tree = self.drafter.propose(*args)
+    def propose_row(self, *args):
+        tree = self.drafter.propose_row(*args)
         q = tree.q.clone()
         for parent in set(tree.parents.tolist()):
             kids = (tree.parents == parent).nonzero().flatten()

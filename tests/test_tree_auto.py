@@ -164,31 +164,31 @@ class LoggedTreeCostModel(TreeCostModel):
         super().__init__(*args, **kwargs)
         self.log = []
 
-    def choose(self, limit):
+    def choose(self, limit, rows=1):
         choice = super().choose(limit)
         self.log.append(("choose", limit, choice))
         return choice
 
     def observe(self, round):
-        self.log.append(("observe", round.choice, round.proposed.parents.tolist(), round.verified.parents.tolist(),
-                         list(round.path), dict(round.seconds)))
+        self.log.append(("observe", round.choice, round.proposed.rows[0].parents.tolist(),
+                         round.verified.rows[0].parents.tolist(), list(round.path[0]), dict(round.seconds)))
         super().observe(round)
 
 
 def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
     """Each round chooses its depth and node budget before its target pass, and replaying the earlier
     observations alone gives the same choices: this round's p cannot have influenced its tree."""
-    import specdec.draft.tree as tree_module
+    from specdec.draft.proposal import RowProposals
 
     target, draft = small_vocab_pair
     rule = LoggedTreeCostModel(k_max=4, clock=RandomClock(3))
-    verify = tree_module.verify_tree
+    score = RowProposals.score
 
-    def logged_verify(*args, **kwargs):
+    def logged_score(self, *args, **kwargs):
         rule.log.append(("verify",))
-        return verify(*args, **kwargs)
+        return score(self, *args, **kwargs)
 
-    monkeypatch.setattr(tree_module, "verify_tree", logged_verify)
+    monkeypatch.setattr(RowProposals, "score", logged_score)
     g = torch.Generator().manual_seed(0)
     drafter = ModelTreeDrafter(draft, branches=(2, 2), depth=4, children="iid")
     for _ in range(5):
@@ -213,17 +213,17 @@ def test_choice_depends_only_on_earlier_rounds(small_vocab_pair, monkeypatch):
 def test_expensive_pass_falls_back_to_plain_steps(monkeypatch):
     """Every tree node costs 50 time units of the fake clock in the pass: after the warm-up no tree pays,
     every round is a plain step, the drafter is not called again, and the output is the target's own."""
-    import specdec.draft.tree as tree_module
+    from specdec.draft.proposal import RowProposals
 
     target = tiny_model("llama", seed=0, scale=20.0)
     clock = RandomClock(4)
-    verify = tree_module.verify_tree
+    score = RowProposals.score
 
-    def slow_verify(lm, sequence, tree, *args, **kwargs):
-        clock.now += 50.0 * tree.size
-        return verify(lm, sequence, tree, *args, **kwargs)
+    def slow_score(self, *args, **kwargs):
+        clock.now += 50.0 * self.size
+        return score(self, *args, **kwargs)
 
-    monkeypatch.setattr(tree_module, "verify_tree", slow_verify)
+    monkeypatch.setattr(RowProposals, "score", slow_score)
 
     class CountingDrafter(ModelTreeDrafter):
         calls = 0
@@ -353,7 +353,7 @@ def test_prune_keeps_a_subtree_with_sibling_prefixes(seed):
 
 def test_prune_of_a_model_tree_is_the_breadth_first_prefix():
     target = tiny_model("llama", seed=0, scale=4.0)
-    tree = ModelTreeDrafter(target, branches=(3, 2), depth=4, nodes=12, children="distinct").propose(
+    tree = ModelTreeDrafter(target, branches=(3, 2), depth=4, nodes=12, children="distinct").propose_row(
         PROMPT, 4, Sampling(1.0), 32, torch.Generator().manual_seed(0))
     assert tree.depths()[:9] == [1, 1, 1, 2, 2, 2, 2, 2, 2]
     pruned = prune_tree(tree, 2, 5)  # three root children, then the first two children of node 0
@@ -394,7 +394,7 @@ def test_bad_k_values_for_trees():
 class OneChildRule(TreeCostModel):
     """Every round: depth 1, one node (the cut keeps one of the root's i.i.d. children)."""
 
-    def choose(self, limit):
+    def choose(self, limit, rows=1):
         return Choice(min(1, limit), 1)
 
 

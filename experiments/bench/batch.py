@@ -6,7 +6,7 @@ The bundled prompts, cycled to a multiple of the largest batch size so that ever
 are grouped `size` at a time; each contender decodes every group (batch 1: one prompt per call, through the
 single-sequence loop, exactly what a user at batch size 1 runs). Throughput is every row's new tokens over the
 contender's wall time; latency is the mean, over rows, of the seconds from its batch's start to its last token.
-Next to each speculative contender: the cost model's view (BatchCostModel) of the batch, i.e. the k it chose
+Next to each speculative contender: the cost model's view (specdec.choose.cost.CostModel) of the batch, i.e. the k it chose
 and the tokens per pass it measured. The sizes run in an order rotated between repetitions, so that a slow
 phase of the machine does not fall on one size only.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from specdec.metrics import BatchGeneration
+from specdec.metrics import Generation
 
 from ..records import markdown_table, peak_memory
 
@@ -45,7 +45,7 @@ def run_size(contender, ids: list[torch.Tensor], size: int, n: int, seed: int) -
                 passes += stats.target_forwards
                 row_passes += stats.target_forwards
             else:
-                out: BatchGeneration = contender.setup.generate(contender.method, group, n, seed)
+                out: Generation = contender.setup.generate(contender.method, group, n, seed)
                 rows = out.tokens
                 latency += out.latency
                 stats = out.stats

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import GenerationConfig, PreTrainedModel
 
-from specdec.metrics import BatchGeneration, Generation, Stats
+from specdec.metrics import Generation, Stats
 from specdec.runtime.timing import stopwatch
 from specdec.sampling import Sampling
 from specdec.stopping import EosSet, truncate_at_eos
@@ -98,7 +98,7 @@ def hf_generate(
 def hf_generate_batch(
     pair: Pair, prompts: list[torch.Tensor], hf: DictConfig, sampling: Sampling, max_new_tokens: int, seed: int,
     eos: list[int],
-) -> BatchGeneration:
+) -> Generation:
     """Hugging Face generate on a batch: the prompts left-padded with an attention mask, one call; each row's new
     tokens up to its first end token. Assisted generation and prompt lookup take one sequence only (transformers
     refuses a batch), so method=hf at batch_size > 1 is plain generate."""
@@ -120,4 +120,4 @@ def hf_generate_batch(
     rows = [Stats(emitted=t.numel(), seconds={"total": stats.seconds["total"]}) for t in tokens]
     stats.emitted = sum(t.numel() for t in tokens)
     stats.extras.update(passes=out.shape[-1] - width, rows=len(prompts))
-    return BatchGeneration(tokens, stats, rows, [stats.seconds["total"]] * len(prompts))
+    return Generation(tokens, stats, rows, [stats.seconds["total"]] * len(prompts))

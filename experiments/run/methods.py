@@ -11,26 +11,22 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import (
-    BatchCostModel,
-    BatchGeneration,
     BlockVerification,
     Generation,
     TokenLevel,
     TraversalVerification,
     TreeRules,
     autoregressive_generate,
-    batched_draft_then_score,
     draft_then_score,
     speculative_generate,
     tree_generate,
 )
 from specdec.choose.cost import Rule
 from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice
-from specdec.choose.rules import draft_rule
-from specdec.decoding import AcceptanceRule
-from specdec.draft.base import Drafter
-from specdec.draft.batch import batch_drafter
+from specdec.choose.rules import rule_for
+from specdec.draft.base import Drafter, check_rows
 from specdec.draft.switch import DraftSwitch
+from specdec.verify.base import AcceptanceRule
 
 from .hf import hf_generate, hf_generate_batch
 from .pair import Pair, Pairs, tree_drafter
@@ -47,103 +43,62 @@ class Setup:
     drafter: Drafter
     hf: DictConfig
     acceptance: AcceptanceRule  # how the speculative method's chains or trees are verified (conf/verify/)
-    rule: OnlineDraftChoice | OnlineThreadChoice | None = None  # k=auto over a calibrated pair's candidates (and
-    # threads=auto: the thread count too), one rule across the run's prompts
-    _batch_rule: BatchCostModel | None = None  # k=auto for batches (batch_rule)
-    _run_rule: Rule | None = None  # k=auto with one drafter (run_rule)
+    rule: Rule | None = None  # k=auto: one rule across the run's prompts (run_rule); None: a fixed k
 
     def generate(
         self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
         stop_at_eos: bool = True,
-    ) -> Generation | BatchGeneration:
+    ) -> Generation:
         """One generation of up to max_new_tokens after ids (1, L), with a fresh generator seeded with seed
         (default: the run's seed); stop_at_eos=False runs to the budget whatever the tokens. A list of prompts
         (1, L_b) is one batch (specdec.state): every method then decodes all of them together."""
-        if isinstance(ids, list):
-            return self.generate_batch(method, ids, max_new_tokens, seed, stop_at_eos)
         plan, pair = self.plan, self.pair
         seed = plan.seed if seed is None else seed
         eos = pair.eos_token_id if stop_at_eos else []
-        generator = torch.Generator(device=plan.device).manual_seed(seed)
+        batch = isinstance(ids, list)
+        prompts = [p[0] for p in ids] if batch else ids
         common = {"sampling": plan.sampling, "max_new_tokens": max_new_tokens, "eos_token_id": eos or None,
-                  "generator": generator}  # fmt: skip
+                  "generator": torch.Generator(device=plan.device).manual_seed(seed)}  # fmt: skip
         if method == "autoregressive":
-            return autoregressive_generate(pair.target, ids, **common)
-        if method == "speculative" and plan.trees:
-            return tree_generate(pair.target, self.drafter, ids, k=self.run_rule or plan.tree_k, k_max=plan.k_max,
+            return autoregressive_generate(pair.target, prompts, **common)
+        if method == "speculative":
+            return self.speculative(prompts, common)
+        if method == "hf":
+            return (hf_generate_batch if batch else hf_generate)(pair, ids, self.hf, plan.sampling, max_new_tokens,
+                                                                 seed, eos)  # fmt: skip
+        return draft_then_score(pair.target, pair.draft_model, prompts, draft_tokenizer=pair.draft_tokenizer,
+                                target_tokenizer=pair.tokenizer, **common)  # fmt: skip
+
+    def speculative(self, prompts: torch.Tensor | list[torch.Tensor], common: dict) -> Generation:
+        """Speculative decoding of one prompt or a batch, chains or trees, with the run's rule or fixed k."""
+        plan = self.plan
+        if plan.trees:
+            return tree_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.tree_k,
                                  max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
                                  **common)  # fmt: skip
-        if method == "speculative":
-            threads = torch.get_num_threads()
-            try:  # an OnlineThreadChoice sets the count each round; the other methods keep the run's
-                return speculative_generate(pair.target, self.drafter, ids, k=self.rule or self.run_rule or plan.k,
-                                            k_max=plan.k_max, phase_times=True, acceptance=self.acceptance,
-                                            **common)  # fmt: skip
-            finally:
-                torch.set_num_threads(threads)
-        if method == "hf":
-            return hf_generate(pair, ids, self.hf, plan.sampling, max_new_tokens, seed, eos)
-        return draft_then_score(
-            pair.target, pair.draft_model, ids, draft_tokenizer=pair.draft_tokenizer, target_tokenizer=pair.tokenizer,
-            **common,
-        )  # fmt: skip
-
-    def generate_batch(
-        self, method: str, prompts: list[torch.Tensor], max_new_tokens: int, seed: int | None, stop_at_eos: bool
-    ) -> BatchGeneration:
-        """One batch of prompts (1, L_b) decoded together by `method`, every row to its own end."""
-        plan, pair = self.plan, self.pair
-        seed = plan.seed if seed is None else seed
-        eos = pair.eos_token_id if stop_at_eos else []
-        generator = torch.Generator(device=plan.device).manual_seed(seed)
-        rows = [p[0] for p in prompts]
-        common = {"sampling": plan.sampling, "max_new_tokens": max_new_tokens, "eos_token_id": eos or None,
-                  "generator": generator}  # fmt: skip
-        if method == "autoregressive":
-            return autoregressive_generate(pair.target, rows, **common)
-        if method == "speculative" and plan.trees:
-            return tree_generate(pair.target, self.batch_drafter, rows, k=plan.tree_k, k_max=plan.k_max,
-                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
-                                 **common)  # fmt: skip
-        if method == "speculative":
-            return speculative_generate(pair.target, self.batch_drafter, rows, k=self.batch_rule or plan.k,
-                                        k_max=plan.k_max, phase_times=True, acceptance=self.acceptance,
-                                        **common)  # fmt: skip
-        if method == "hf":
-            return hf_generate_batch(pair, prompts, self.hf, plan.sampling, max_new_tokens, seed, eos)
-        return batched_draft_then_score(pair.target, pair.draft_model, rows, **common)
-
-    @property
-    def run_rule(self) -> Rule | None:
-        """k=auto with one drafter: one cost model (a TreeCostModel for trees) for the whole run, so that what
-        it measured on earlier prompts (pass times, draft times, acceptance) prices the next prompt's rounds
-        instead of a warm-up at k_max on every prompt; None for a fixed k and for a calibrated pair's
-        candidates (whose OnlineDraftChoice, `rule`, already spans the run). It still reads only finished
-        rounds, so every output stays exact."""
-        if self.plan.k != AUTO or self.rule is not None or isinstance(self.drafter, DraftSwitch):
-            return None
-        if self._run_rule is None:
-            self._run_rule = draft_rule(AUTO, self.plan.k_max, self.drafter, trees=self.plan.trees,
-                                        max_nodes=self.plan.max_nodes)  # fmt: skip
-        return self._run_rule
-
-    @property
-    def batch_rule(self) -> BatchCostModel | None:
-        """k=auto for batches of chains: one BatchCostModel for the whole run, so that its timings (keyed by
-        the pass's total tokens and the batch's rows) carry from batch to batch; None for a fixed k."""
-        if self.plan.k != AUTO or self.plan.trees:
-            return None
-        if self._batch_rule is None:
-            self._batch_rule = BatchCostModel(self.plan.k_max, self.batch_drafter.draft_cost)
-        return self._batch_rule
+        return speculative_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.k,
+                                    phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
 
     @property
     def batch_drafter(self) -> Drafter:
-        """The drafter a batch drafts with: a DraftSwitch's calibrated best candidate (the online choice of the
-        draft is a single-sequence rule), else the run's drafter."""
-        if isinstance(self.drafter, DraftSwitch):
+        """The drafter the run decodes with: at batch_size > 1 a DraftSwitch's calibrated best candidate (the
+        online choice of the draft is a single-sequence rule), else the run's drafter."""
+        if self.plan.batch_size > 1 and isinstance(self.drafter, DraftSwitch):
             return self.drafter.candidates[self.drafter.default]
         return self.drafter
+
+
+def run_rule(plan: Plan, pair: Pair, drafter: Drafter) -> Rule | None:
+    """k=auto: one rule for the whole run, so that what it measured on earlier prompts (pass times, draft times,
+    acceptance) prices the next prompt's rounds instead of a warm-up at k_max on every prompt: a calibrated
+    pair's online choice (online_rule), else the factory's rule for the drafter (a CostModel pricing passes over
+    the batch's rows, a TreeCostModel for trees). It still reads only finished rounds, so every output stays
+    exact. None for a fixed k."""
+    if plan.k != AUTO:
+        return None
+    online = online_rule(plan, pair) if plan.batch_size == 1 else None
+    return online or rule_for(AUTO, drafter, k_max=plan.k_max, trees=plan.trees, max_nodes=plan.max_nodes,
+                              rows=plan.batch_size)  # fmt: skip
 
 
 def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
@@ -153,12 +108,13 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)
     drafter = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else pair.drafter
-    setup = Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan), online_rule(plan, pair))
-    if plan.batch_size > 1 and "speculative" in plan.methods:
-        try:
-            batch_drafter(setup.batch_drafter)  # refuses what cannot draft for a batch, before any prompt runs
-        except ValueError as e:
-            raise ConfigError(f"batch_size={plan.batch_size}: {e}") from e
+    setup = Setup(plan, pair, drafter, cfg.hf, acceptance_of(cfg, plan))
+    if "speculative" in plan.methods:
+        try:  # refuses what cannot draft for a batch, before any prompt runs
+            check_rows(setup.batch_drafter, plan.batch_size)
+            setup.rule = run_rule(plan, pair, setup.batch_drafter)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"batch_size={plan.batch_size}: {e}" if plan.batch_size > 1 else str(e)) from e
     return setup
 
 

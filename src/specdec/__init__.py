@@ -1,7 +1,6 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
 from .autoregressive import autoregressive_generate
-from .choose.batch_cost import BatchCostModel
 from .choose.cost import CostModel, FixedDraftLength
 from .choose.online import OnlineDraftChoice, OnlineThreadChoice
 from .choose.tree_cost import TreeCostModel
@@ -14,7 +13,7 @@ from .draft.proposal import Draft
 from .draft.switch import DraftSwitch
 from .draft.tree import TreeDraft
 from .draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
-from .metrics import BatchGeneration, Generation, Stats
+from .metrics import Generation, Stats
 from .naive import batched_draft_then_score, draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
 from .theory import (
@@ -31,8 +30,6 @@ from .verify.tree import TreeRules
 
 __all__ = [
     "GREEDY",
-    "BatchCostModel",
-    "BatchGeneration",
     "BlockVerification",
     "ChainTreeDrafter",
     "CostModel",

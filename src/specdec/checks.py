@@ -99,3 +99,14 @@ def check_batch(model: PreTrainedModel, prompts: list[torch.Tensor], max_new_tok
     if limit is not None and longest + max_new_tokens > limit:
         raise ValueError(f"the longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                          f"context ({limit}): lower max_new_tokens to at most {limit - longest}")
+
+
+def prompt_rows(model: PreTrainedModel, input_ids: torch.Tensor | Rows, attention_mask: torch.Tensor | None,
+                max_new_tokens: int) -> tuple[list[torch.Tensor], bool]:
+    """The prompts as rows (1, L_b), checked, and whether the call was for one sequence (a (1, L) tensor)."""
+    if not batched(input_ids, attention_mask):
+        check_generation_args(model, input_ids, max_new_tokens)
+        return [input_ids], True
+    prompts = batch_rows(input_ids, attention_mask)
+    check_batch(model, prompts, max_new_tokens)
+    return prompts, False

@@ -13,31 +13,8 @@ import torch
 
 
 @dataclass
-class BatchGeneration:
-    """Every row's new tokens, the batch's statistics, and each row's own.
-
-    stats counts over all rows: emitted is the batch's tokens, target_forwards the row-passes (a pass over R
-    rows counts R), so mean_accepted_length is the tokens per pass of one row; extras["passes"] is the
-    number of target passes and stats.tokens_per_second the batch's throughput. latency[b]: seconds from
-    the call's start to row b's last token (rows[b].seconds["total"]); a row's other phase times
-    (prefill, draft, verify) are the batch's, which all its rows shared.
-    """
-
-    tokens: list[torch.Tensor]
-    stats: Stats
-    rows: list[Stats] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
-
-    def __getitem__(self, b: int) -> Generation:
-        return Generation(self.tokens[b], self.rows[b])
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
 class Stats:
-    """Counters and timings of one generation (batch size 1).
+    """Counters and timings of one generation (of one sequence, or summed over a batch's rows).
 
     A round is one target verification pass; it emits the accepted draft tokens plus one token
     sampled by the target (the resampled token on a rejection, the bonus token otherwise).
@@ -174,7 +151,23 @@ class Stats:
 
 @dataclass
 class Generation:
-    """New tokens (n,) of one generation and how they were made."""
+    """New tokens of one generation and how they were made: (n,) for one sequence; for a batch a list with each
+    row's (n_b,), the batch's statistics, and each row's own.
 
-    tokens: torch.Tensor
+    A batch's stats count over all rows: emitted is the batch's tokens, target_forwards the row-passes (a pass
+    over R rows counts R), so mean_accepted_length is the tokens per pass of one row; extras["passes"] is the
+    number of target passes and stats.tokens_per_second the batch's throughput. latency[b]: seconds from the
+    call's start to row b's last token (rows[b].seconds["total"]); a row's other phase times (prefill, draft,
+    verify) are the batch's, which all its rows shared. generation[b] is row b's Generation.
+    """
+
+    tokens: torch.Tensor | list[torch.Tensor]
     stats: Stats
+    rows: list[Stats] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+
+    def __getitem__(self, b: int) -> Generation:
+        return Generation(self.tokens[b], self.rows[b])
+
+    def __len__(self) -> int:
+        return len(self.rows)

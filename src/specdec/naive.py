@@ -14,9 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .autoregressive import autoregressive_generate
 from .checks import batch_rows, batched
-from .metrics import BatchGeneration, Generation, Stats
+from .metrics import Generation, Stats
 from .quality import continuation_log_probs, token_log_probs
-from .runtime.batch_cache import BatchedLM, left_padded
+from .runtime.cached import CachedLM, left_padded
 from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling
 
@@ -118,7 +118,7 @@ def batched_draft_then_score(
     max_new_tokens: int = 64,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
-) -> BatchGeneration:
+) -> Generation:
     """The article's method on a batch (one vocabulary): the draft model writes every row (batched target-only
     decoding of the draft), the target scores all rows in one pass; the drafts are the output.
 
@@ -136,18 +136,16 @@ def batched_draft_then_score(
         row.draft_forwards, row.target_forwards = row.target_forwards, 1
         row.extras["continuation_log_likelihood"] = score
         row.seconds["total"] = stats.seconds["total"]
-    return BatchGeneration(draft_run.tokens, stats, draft_run.rows, [stats.seconds["total"]] * len(rows))
+    return Generation(draft_run.tokens, stats, draft_run.rows, [stats.seconds["total"]] * len(rows))
 
 
 @torch.inference_mode()
 def batch_continuation_means(target: PreTrainedModel, prompts: list[torch.Tensor], continuations: list[torch.Tensor]
                              ) -> list[float]:
     """Mean target log-likelihood of each row's continuation given its prompt, all rows in one pass."""
-    lm = BatchedLM(target)
-    lm.reset()
+    lm = CachedLM(target)
     full = [torch.cat([p[0], c.to(p.device)]) for p, c in zip(prompts, continuations)]
     tokens, positions = left_padded(full, [0] * len(full), lm.device)
-    lm.positions = torch.zeros(len(full), 0, dtype=torch.long, device=lm.device)
     logp = lm.forward(tokens, positions).float().log_softmax(-1)  # (B, W, V)
     means = []
     for b, (p, c) in enumerate(zip(prompts, continuations)):

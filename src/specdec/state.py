@@ -1,13 +1,14 @@
-"""The decoding loop's state (specdec.decoding): one sequence (`Sequence`), or B rows of different lengths (`Batch`).
+"""The decoding loop's state (specdec.decoding): B rows of different lengths; a single sequence is a batch of one.
 
 Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
-A batched round is the single-sequence round done for every row at once:
+A round is the single-sequence round done for every row at once:
 
     choose      one k for the batch (a tree: one depth and node budget), from earlier rounds only
     propose     every active row gets its own proposal (a batched draft model drafts all rows per step)
     score       one target pass over all rows: row b's last token and its proposal, padded to the widest
     accept      each row's acceptance rule runs on that row's p and q alone, with the shared generator
-    commit      each row keeps its accepted path in both caches (specdec.runtime.batch_cache: dead slots, no copy)
+    commit      each row keeps its accepted path in both caches (specdec.runtime.cached: one row crops, several
+                mark dead slots, no copy)
     retire      rows that ended (an end token or their budget) leave the batch: no more drafting for them
 
 Why every row stays exact. Row b's round uses only row b's p and q: the pass computes row b's logits
@@ -36,9 +37,7 @@ import torch
 
 from .choose.cost import Round
 from .draft.base import Drafter
-from .draft.batch import BatchDrafter
-from .metrics import BatchGeneration, Generation, Stats
-from .runtime.batch_cache import BatchedLM
+from .metrics import Generation, Stats
 from .runtime.cached import CachedLM
 from .stopping import EosSet, truncate_at_eos
 
@@ -59,6 +58,7 @@ class Batch:
         self.start = time.perf_counter()
         self.latency = [0.0] * len(prompts)  # seconds from the call's start to the row's last token
         self.stats = [Stats() for _ in prompts]  # each row's own counts
+        self.overlaps = [torch.zeros((), device=device) for _ in prompts]  # each row's sum of beta, on the device
 
     @property
     def tokens(self) -> list[torch.Tensor]:
@@ -91,7 +91,7 @@ class Batch:
             self.ended[b] = self.eos.ended(new)
             self.latency[b] = now
 
-    def retire(self, lm: BatchedLM, drafter: BatchDrafter) -> None:
+    def retire(self, lm: CachedLM, drafter: Drafter) -> None:
         """Rows that ended leave the caches (target and draft); the others roll back to their sequence."""
         still = [i for i, b in enumerate(self.order) if self.row_active(b)]
         if len(still) < len(self.order):
@@ -105,72 +105,27 @@ class Batch:
     def new_tokens(self) -> list[torch.Tensor]:
         return [row[0, start:] for row, start in zip(self.rows, self.prompt_lengths)]
 
-    def record(self, stats: Stats, round, trees: bool) -> None:
+    def record(self, stats: Stats, round: Round, trees: bool) -> None:
         """Each active row's share of a round, in the batch's statistics and in the row's own."""
         for b, proposal, path, overlaps in zip(self.order, round.verified.rows, round.path, round.overlaps):
             depth = max(proposal.depths(), default=0)
             for counts in (stats, self.stats[b]):
                 counts.record_round(proposal.size, depth, len(path), overlaps.numel(), tree=trees)
-            self.stats[b].overlap_sum += float(overlaps.sum())
+            self.overlaps[b] = self.overlaps[b] + overlaps.sum().to(self.overlaps[b].device)
 
-    def produced(self, round) -> int:
+    def produced(self, round: Round) -> int:
         """Tokens the round made over all rows (accepted + 1 each, before end-token truncation)."""
         return sum(len(path) + 1 for path in round.path)
 
-    def result(self, stats: Stats) -> BatchGeneration:
-        """The finished batch: counts summed over rows, each row's latency and emitted tokens."""
+    def result(self, stats: Stats) -> Generation:
+        """The finished batch: counts summed over rows, each row's latency and emitted tokens (the round's host
+        syncs for the overlaps happen here, once)."""
         for b, row in enumerate(self.stats):
             row.emitted = self.emitted(b)
+            row.overlap_sum = float(self.overlaps[b])
             row.seconds.update({phase: t for phase, t in stats.seconds.items() if phase != "total"})  # shared
             row.seconds["total"] = self.latency[b]
         stats.emitted = sum(row.emitted for row in self.stats)
+        stats.overlap_sum = sum(row.overlap_sum for row in self.stats)
         stats.extras.update(passes=len(stats.chosen_k) or stats.extras.get("passes", 0), rows=len(self.stats))
-        return BatchGeneration(self.new_tokens(), stats, self.stats, list(self.latency))
-
-
-class Sequence:
-    """The loop state: the tokens so far (1, L), how many are new, and whether an end token arrived."""
-
-    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, eos: EosSet):
-        self.tokens = input_ids
-        self.prompt_length = input_ids.shape[-1]
-        self.max_new_tokens = max_new_tokens
-        self.eos = eos
-        self.ended = False
-
-    @property
-    def emitted(self) -> int:
-        return self.tokens.shape[-1] - self.prompt_length
-
-    @property
-    def active(self) -> bool:
-        return not self.ended and self.emitted < self.max_new_tokens
-
-    def room(self) -> int:
-        """Draft tokens a round may still add: one token of the budget is always the target's own."""
-        return self.max_new_tokens - self.emitted - 1
-
-    def extend(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
-        """Append the accepted tokens and the target's next token, cut after an end-of-sequence token."""
-        new = truncate_at_eos(torch.cat([accepted, next_token]), self.eos)  # (n,)
-        self.tokens = torch.cat([self.tokens, new[None]], dim=-1)
-        self.ended = self.eos.ended(new)
-
-    def new_tokens(self) -> torch.Tensor:
-        return self.tokens[0, self.prompt_length :]
-
-    def retire(self, lm: CachedLM, drafter: Drafter) -> None:
-        """The drafter forgets what it drafted past the sequence (the caches keep all of it but the last token)."""
-        if self.active:
-            drafter.rollback(self.tokens.shape[-1] - 1)
-
-    def record(self, stats: Stats, round: Round, trees: bool) -> None:
-        stats.record_round(round.verified.size, round.depth, len(round.path), round.overlaps.numel(), tree=trees)
-
-    def produced(self, round: Round) -> int:
-        return len(round.path) + 1
-
-    def result(self, stats: Stats, overlap_total: torch.Tensor) -> Generation:
-        stats.emitted = self.emitted
-        stats.overlap_sum = float(overlap_total)
-        return Generation(self.new_tokens(), stats)
+        return Generation(self.new_tokens(), stats, self.stats, list(self.latency))

@@ -45,7 +45,7 @@ from ..runtime.cached import CachedLM, logits_width
 from ..runtime.timing import pass_tokens, stopwatch, timed_step
 from ..sampling import GREEDY, Sampling
 from ..theory import expected_tokens_per_pass, optimal_k, walltime_improvement
-from .cost import CostModel
+from .cost import interpolated
 
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
 UNSTEADY = 0.5  # Timings.spread above which the calibration says its timings are unsteady
@@ -72,10 +72,7 @@ class Timings:
     def pass_cost(self, width: int) -> float:
         """v(width) = T_pass(width) / T_step: measured, or read off a line through the measured widths; never
         below 1 (a wider pass does the step's work and more: a lower reading is timing noise)."""
-        model = CostModel(k_max=max(self.pass_ms))
-        for w, ms in self.pass_ms.items():
-            model.record_pass(w, ms)
-        return max(1.0, model.pass_seconds(width) / self.step_ms)
+        return max(1.0, interpolated(self.pass_ms, width) / self.step_ms)
 
 
 @torch.inference_mode()

@@ -46,7 +46,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -91,9 +91,9 @@ class Round(Protocol):
 
     choice: Choice
     proposed: object  # the drafter's proposal (a tree: before pruning), with .size and .parents
-    verified: object  # what the target scored
-    path: list[int]  # accepted node ids of `verified`
-    overlaps: torch.Tensor  # (observed,) beta = sum_x min(p, q) on the output path
+    verified: object  # what the target scored: one proposal per row (specdec.draft.proposal.RowProposals)
+    path: list[list[int]]  # each row's accepted node ids of its proposal
+    overlaps: list[torch.Tensor]  # each row's (observed,) beta = sum_x min(p, q) on its output path
     seconds: dict[str, float]  # "draft", "verify"
 
 
@@ -106,7 +106,7 @@ class FixedDraftLength:
     def __init__(self, k: int | None):
         self.k = k
 
-    def choose(self, limit: int) -> Choice:
+    def choose(self, limit: int, rows: int = 1) -> Choice:
         return Choice(None if self.k is None else min(self.k, limit))
 
     def observe(self, round: Round) -> None:
@@ -118,8 +118,9 @@ class Rule(Protocol):
 
     clock: Callable[[], float] | None  # the clock the rule reads round times with; None: it reads none
 
-    def choose(self, limit: int) -> Choice:
-        """This round's draft length (and node budget), at most `limit` (tokens left in the budget, minus one)."""
+    def choose(self, limit: int, rows: int = 1) -> Choice:
+        """This round's draft length (and node budget) for the `rows` rows still decoding, at most `limit` (tokens
+        left in the budget, minus one)."""
 
     def observe(self, round: Round) -> None:
         """A finished round."""
@@ -153,6 +154,14 @@ class RecentTimes:
 class CostModel:
     """Online estimates of pass time by width, draft time and per-position acceptance; picks k per round.
 
+    For R rows a pass over chains of k is R (k + 1) tokens wide and a draft step drafts R tokens, so
+    C_R(k) = T_pass(R (k + 1)) + k T_step(R); each row expects E(k) tokens, the batch R E(k), and the k maximising
+    E(k) / C_R(k) maximises the batch's tokens per second (R = 1: one sequence). T_pass is keyed by the pass's
+    token count, T_step by the row count (the nearest measured count stands in for an unseen one). On a machine
+    where a pass costs about its token count (a CPU at large R) C_R(k) grows like k + 1 and E(k) / C_R(k) falls
+    below E(0) / C_R(0): k = 0, plain decoding, is then chosen. Acceptance is pooled over rows (each row's beta_i at
+    the positions it reached), decayed once per round.
+
     clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
     window: recent timings kept per width (median). max_age: rounds after which a timing no longer counts
     once a newer one exists (default: window). decay: weight kept by older acceptance evidence per round.
@@ -181,50 +190,50 @@ class CostModel:
             raise ValueError(f"draft_cost must be one of {DRAFT_COSTS}, got {draft_cost!r}")
         if not 0.0 < decay <= 1.0 or not 0.0 <= prior <= 1.0 or window < 1:
             raise ValueError(f"need 0 < decay <= 1, 0 <= prior <= 1, window >= 1; got {decay}, {prior}, {window}")
-        self.k_max = k_max
-        self.draft_cost = draft_cost
-        self.clock = clock
-        self.window = window
-        self.decay = decay
-        self.prior = prior
+        self.k_max, self.draft_cost, self.clock = k_max, draft_cost, clock
+        self.window, self.decay, self.prior = window, decay, prior
         self.max_age = window if max_age is None else max_age
         self.round = 0  # rounds observed: the age of a timing
         self.pass_times: dict[int, RecentTimes] = {} if pass_times is None else pass_times  # width -> seconds
-        self.draft_times = RecentTimes(window, self.max_age)  # seconds per token or per call
+        self.draft_times: dict[int, RecentTimes] = {}  # rows -> seconds per drafted token (per call)
+        self.plain_timed = False  # a plain step (k = 0) of this model's rounds has been timed
         self.overlap_sum = [0.0] * k_max  # decayed sum of beta_i over rounds that reached position i
         self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
 
     # measurements -----------------------------------------------------------------------------------
 
     def record_pass(self, width: int, seconds: float) -> None:
-        """One target pass over `width` tokens (1: a plain step) took `seconds`."""
+        """One target pass over `width` tokens (1: a plain step of one row) took `seconds`."""
         self.pass_times.setdefault(width, RecentTimes(self.window, self.max_age)).add(self.round, seconds)
 
-    def record_draft(self, tokens: int, seconds: float) -> None:
-        """A drafter call proposing `tokens` tokens took `seconds` (an empty proposal counts per call only)."""
-        if self.draft_cost == "per_call":
-            self.draft_times.add(self.round, seconds)
-        elif tokens:
-            self.draft_times.add(self.round, seconds / tokens)
+    def record_draft(self, tokens: int, seconds: float, rows: int = 1) -> None:
+        """A drafter call proposing `tokens` tokens per row for `rows` rows took `seconds` (an empty proposal
+        counts per call only)."""
+        if self.draft_cost == "per_call" or tokens:
+            unit = seconds if self.draft_cost == "per_call" else seconds / tokens
+            self.draft_times.setdefault(rows, RecentTimes(self.window, self.max_age)).add(self.round, unit)
 
-    def record_acceptance(self, overlaps: Sequence[float]) -> None:
-        """One round: beta_i = sum_x min(p_i, q_i) at the positions i = 1..len(overlaps) it reached."""
+    def record_acceptance(self, *rows: Sequence[float]) -> None:
+        """One round: each row's beta_i = sum_x min(p_i, q_i) at the positions i = 1..len it reached (one argument
+        per row; none: the evidence only decays)."""
         for i in range(self.k_max):
             self.overlap_sum[i] *= self.decay
             self.overlap_weight[i] *= self.decay
-        for i, beta in enumerate(overlaps[: self.k_max]):
-            self.overlap_sum[i] += beta
-            self.overlap_weight[i] += 1.0
+        for row in rows:
+            for i, beta in enumerate(row[: self.k_max]):
+                self.overlap_sum[i] += beta
+                self.overlap_weight[i] += 1.0
 
     def observe(self, round: Round) -> None:
-        """A finished round: its draft and verify times, and beta_i at the positions it reached. A k = 0 round
-        called no drafter and times only its pass."""
+        """A finished round: its rows, draft and verify times, and every row's beta_i at the positions it
+        reached. A k = 0 round called no drafter and times only its pass."""
         self.round += 1
-        drafted = round.verified.size
+        rows, drafted = len(round.verified.rows), round.verified.size
         if round.choice.k:
-            self.record_draft(drafted, round.seconds["draft"])
-        self.record_pass(drafted + 1, round.seconds["verify"])
-        self.record_acceptance(round.overlaps.tolist())  # (observed,) -> host
+            self.record_draft(drafted, round.seconds["draft"], rows)
+        self.record_pass(rows * (drafted + 1), round.seconds["verify"])
+        self.plain_timed |= drafted == 0
+        self.record_acceptance(*(o.tolist() for o in round.overlaps))  # (observed,) each -> host
 
     # estimates --------------------------------------------------------------------------------------
 
@@ -232,30 +241,24 @@ class CostModel:
         """T_pass(width): measured median, else a line through the measured widths, never below T_pass(1)."""
         if not self.pass_times:
             raise ValueError("no target pass has been timed yet")
-        if width in self.pass_times:
-            return self.pass_times[width].median(self.round)
-        widths = sorted(self.pass_times)
-        medians = [self.pass_times[w].median(self.round) for w in widths]
-        if len(widths) == 1:
-            return medians[0]
-        floor = medians[0] if widths[0] == 1 else min(medians)
-        intercept, slope = linear_fit(widths, medians)
-        return max(floor, intercept + slope * width)
+        return interpolated({w: times.median(self.round) for w, times in self.pass_times.items()}, width)
 
-    def draft_seconds(self, k: int) -> float:
-        """T_draft(k): time to propose k tokens (0 for k = 0: a plain step calls no drafter)."""
+    def draft_seconds(self, k: int, rows: int = 1) -> float:
+        """T_draft(k) for `rows` rows: time to propose k tokens (0 for k = 0: a plain step calls no drafter)."""
         if k == 0:
             return 0.0
-        unit = self.draft_times.median(self.round)
+        nearest = min(self.draft_times, key=lambda r: (abs(r - rows), -r))
+        unit = self.draft_times[nearest].median(self.round)
         return unit if self.draft_cost == "per_call" else k * unit
 
     def proposal_seconds(self, width: int, drafted: int) -> float:
-        """Cost of any proposal (a chain or a tree): one pass over `width` tokens after drafting `drafted`."""
+        """Cost of any proposal (a chain or a tree) of one row: one pass over `width` tokens after drafting
+        `drafted`."""
         return self.pass_seconds(width) + self.draft_seconds(drafted)
 
-    def cost(self, k: int) -> float:
-        """C(k) = T_pass(k + 1) + T_draft(k) seconds for a chain of k; C(0) is a plain target step."""
-        return self.proposal_seconds(k + 1, k)
+    def cost(self, k: int, rows: int = 1) -> float:
+        """C_R(k) = T_pass(R (k + 1)) + T_draft(k) seconds for chains of k; C(0) is a plain target step."""
+        return self.pass_seconds(rows * (k + 1)) + self.draft_seconds(k, rows)
 
     def acceptance(self) -> list[float]:
         """a_1..a_k_max: decayed mean of beta_i, shrunk towards a_{i-1} (a_0 := prior) by one pseudo-round."""
@@ -266,22 +269,45 @@ class CostModel:
         return estimates
 
     @property
+    def timed_plain(self) -> bool:
+        return self.plain_timed or 1 in self.pass_times
+
+    @property
     def ready(self) -> bool:
         """True once a plain step, a wider pass and a draft have been timed."""
-        return 1 in self.pass_times and len(self.pass_times) > 1 and len(self.draft_times) > 0
+        return self.timed_plain and len(self.pass_times) > 1 and len(self.draft_times) > 0
+
+    def newest_draft(self) -> int:
+        """The round of the newest draft timing (-1: none yet)."""
+        return max((times.newest() for times in self.draft_times.values()), default=-1)
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int) -> Choice:
-        """The draft length for the next round, at most `limit` (tokens left in the budget, minus one)."""
+    def choose(self, limit: int, rows: int = 1) -> Choice:
+        """The draft length for the next round of `rows` rows, at most `limit` (tokens left in the budget, minus
+        one)."""
         limit = min(limit, self.k_max)
         if not self.ready:  # warm-up: a plain step, then the longest draft, until both are timed
-            return Choice(limit if 1 in self.pass_times else 0)
-        return self.predicted(best_draft_length(self.acceptance()[:limit], self.cost))
+            return Choice(limit if self.timed_plain else 0)
+        return self.predicted(best_draft_length(self.acceptance()[:limit], lambda k: self.cost(k, rows)), rows)
 
-    def predicted(self, k: int) -> Choice:
-        """k with the model's E(k) and C(k)."""
-        return Choice(k, expected_tokens=expected_tokens(self.acceptance()[:k]), seconds=self.cost(k))
+    def predicted(self, k: int, rows: int = 1) -> Choice:
+        """k with the model's E (every row's E(k): R E(k) tokens) and C_R(k)."""
+        return Choice(k, expected_tokens=rows * expected_tokens(self.acceptance()[:k]), seconds=self.cost(k, rows))
+
+
+def interpolated(medians: Mapping[int, float], width: int) -> float:
+    """T_pass(width) from measured medians by width: the one measured, else a least-squares line through them,
+    never below T_pass(1) (or the cheapest measured when width 1 was not)."""
+    if width in medians:
+        return medians[width]
+    widths = sorted(medians)
+    values = [medians[w] for w in widths]
+    if len(widths) == 1:
+        return values[0]
+    floor = values[0] if widths[0] == 1 else min(values)
+    intercept, slope = linear_fit(widths, values)
+    return max(floor, intercept + slope * width)
 
 
 def check_draft_cost(drafter: object, expected: DraftCost | None = None) -> DraftCost:

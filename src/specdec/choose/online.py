@@ -36,8 +36,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-import torch
-
 from ..draft.switch import DraftSwitch
 from ..theory import best_draft_length, expected_tokens
 from .cost import Choice, CostModel, Round
@@ -101,12 +99,12 @@ class OnlineDraftChoice:
         for width, seconds in pass_seconds.items():
             model.record_pass(width, seconds)
         for name, seconds in draft_seconds.items():
-            self.models[name].draft_times.add(0, seconds)
+            self.models[name].record_draft(1, seconds)  # one token (or one call) took `seconds`
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int) -> Choice:
-        """This round's draft and draft length (0: a plain target step), at most `limit` tokens."""
+    def choose(self, limit: int, rows: int = 1) -> Choice:
+        """This round's draft and draft length (0: a plain target step), at most `limit` tokens (one row)."""
         limit = min(limit, self.k_max)
         if limit == 0 or 1 not in self.pass_times:  # nothing to draft, or T_pass(1) not timed yet
             return Choice(0, draft="")
@@ -140,8 +138,7 @@ class OnlineDraftChoice:
         return max(best_rate(m, min(limit, self.k_max))[1] for m in self.models.values())
 
     def draft(self, name: str, k: int) -> Choice:
-        """Select candidate `name` for a round of k draft tokens, with its model's E(k) and C(k) once it can."""
-        self.switch.select(name)
+        """Candidate `name` for a round of k draft tokens, with its model's E(k) and C(k) once it can."""
         model = self.models[name]
         if not model.ready:
             return Choice(k, draft=name)
@@ -149,7 +146,7 @@ class OnlineDraftChoice:
 
     def age(self, name: str) -> int:
         """Rounds since the candidate's newest draft timing."""
-        return self.round - self.models[name].draft_times.newest()
+        return self.round - self.models[name].newest_draft()
 
     def skip(self) -> None:
         """A round this rule did not decide (another thread count's rule did): its timings age by one round."""
@@ -165,7 +162,7 @@ class OnlineDraftChoice:
                 model.observe(round)  # a plain step: times the pass (the shared table) and decays
             else:
                 model.round += 1
-                model.record_acceptance([])
+                model.record_acceptance()
         self.round += 1
 
 
@@ -177,8 +174,9 @@ class OnlineThreadChoice:
     shaped as the best count's last one (the same draft and k), and it is rated by that pass's time against the
     best count's; its rule warms up only once that rating makes it the best. Like every choice here it reads only earlier rounds: exact.
 
-    set_threads: called with the count before each round (default torch.set_num_threads, which is process-wide:
-    the count of the last round stays set; experiments.run.methods restores the run's count after each generation).
+    The rule only decides: each Choice names its count (`threads`) and its candidate (`draft`), and the decoding
+    loop applies them (specdec.decoding.apply_choice sets torch's thread count and restores the caller's at the
+    end of the call).
     """
 
     trees = False
@@ -190,7 +188,6 @@ class OnlineThreadChoice:
         *,
         probe_every: int = 16,
         probe_most: int = 128,
-        set_threads: Callable[[int], None] = torch.set_num_threads,
     ):
         if not rules:
             raise ValueError("OnlineThreadChoice needs a rule for at least one thread count")
@@ -202,7 +199,6 @@ class OnlineThreadChoice:
         first = next(iter(self.rules.values()))
         self.switch, self.clock = first.switch, first.clock
         self.probe_every, self.probe_most = probe_every, probe_most
-        self.set_threads = set_threads
         self.round = 0
         self.last: dict[int, int | None] = dict.fromkeys(self.rules)  # the round each count last ran
         self.gap = dict.fromkeys(self.rules, probe_every)
@@ -232,7 +228,7 @@ class OnlineThreadChoice:
                     rated[t] = known[top] * self.pass_seconds(top, width) / self.pass_seconds(t, width)
         return rated
 
-    def choose(self, limit: int) -> Choice:
+    def choose(self, limit: int, rows: int = 1) -> Choice:
         """The count with the best predicted rate (its rule warms up first if it has not timed everything), or a
         probe of a count not in use: its rule's choice, or a plain step while that rule is unmeasured."""
         rated = self.rates(limit)
@@ -246,13 +242,10 @@ class OnlineThreadChoice:
         if stale:
             self.gap[threads] = min(2 * self.gap[threads], self.probe_most)
         self.current = threads
-        self.set_threads(threads)
         if threads != best and not self.rules[threads].ready:  # a probe: the best count's last round, at this count
             k, draft = self.last_round
             k = min(k, limit)
             self.probe_width[threads] = k + 1
-            if k:
-                self.switch.select(draft)
             return Choice(k, draft=draft if k else "", threads=threads)
         choice = self.rules[threads].choose(limit)
         if threads == best:

@@ -1,42 +1,33 @@
-"""One factory for what decides each round's draft length: an int, "auto", a rule object or a set of
-candidates becomes a rule, with an error naming the fix for anything else.
+"""One factory for what decides each round's draft length: an int, "auto", a rule object or a set of candidates
+(a DraftSwitch drafter with k="auto") becomes a rule, with an error naming the fix for anything else.
+
+Rules decide and the loop applies: a rule returns a Choice (k, a tree's node budget, the candidate that drafts,
+the thread count) from earlier rounds only, and specdec.decoding puts it into effect.
 """
 
 from __future__ import annotations
 
 from ..draft.switch import DraftSwitch
-from .batch_cost import BatchCostModel
 from .cost import CostModel, FixedDraftLength, Rule, check_draft_cost
 from .online import OnlineDraftChoice
 from .tree_cost import TreeCostModel
 
+K_MAX = 8  # the longest draft k="auto" may choose when the caller does not say
 
-def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: bool = False, max_nodes: int = 64,
-               batch: bool = False) -> Rule:
-    """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a
-    fixed k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for
-    trees) pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an
-    OnlineDraftChoice (which draft, and how long, every round); an object with choose and observe, used as given.
-    batch: several prompts; "auto" is then a BatchCostModel (chains; trees take a fixed depth)."""
+
+def rule_for(k: int | str | Rule | None, drafter: object, *, k_max: int | None = None, trees: bool = False,
+             max_nodes: int = 64, rows: int = 1) -> Rule:
+    """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a fixed
+    k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for trees)
+    pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an OnlineDraftChoice
+    (which draft, and how long, every round); an object with choose and observe, used as given. k_max: the
+    longest draft "auto" may choose (default 8); rows: prompts decoded together."""
     if hasattr(k, "choose") and hasattr(k, "observe"):
-        if getattr(k, "trees", trees) != trees:
-            wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
-            raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(k).__name__}")
-        if getattr(k, "draft_cost", None) is not None:
-            check_draft_cost(drafter, k.draft_cost)
-        if getattr(k, "switch", drafter) is not drafter:
-            raise ValueError(f"the {type(k).__name__} selects in another DraftSwitch than the drafter given")
-        return k
-    if k == "auto" and batch:
-        if trees:
-            raise ValueError("k='auto' for token trees prices one sequence's trees; for a batch give trees a fixed "
-                             "depth (an int k, or None), or use chains with k='auto'")
-        return BatchCostModel(k_max, check_draft_cost(drafter))
-    if k == "auto" and isinstance(drafter, DraftSwitch) and not trees:
-        return OnlineDraftChoice(drafter, k_max)
+        return checked_rule(k, drafter, trees, rows)
     if k == "auto":
-        model = TreeCostModel if trees else CostModel
-        return model(k_max, check_draft_cost(drafter), **({"max_nodes": max_nodes} if trees else {}))
+        return auto_rule(drafter, check_k_max(K_MAX if k_max is None else k_max), trees, max_nodes, rows)
+    if k_max is not None:
+        raise ValueError(f"k_max={k_max!r} bounds the draft length k='auto' chooses; with k={k!r} leave it out")
     if k is None and trees:
         return FixedDraftLength(None)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -46,10 +37,37 @@ def draft_rule(k: int | str | Rule | None, k_max: int, drafter: object, trees: b
     return FixedDraftLength(k)
 
 
-def check_batch_rule(rule: Rule) -> None:
-    """A batch needs a rule that prices passes over several rows (or none: a fixed k)."""
-    if not isinstance(rule, FixedDraftLength | BatchCostModel):
-        raise TypeError(
-            f"{type(rule).__name__} chooses k for one sequence; a batch takes a fixed k or k='auto' "
-            "(a BatchCostModel, which prices passes over all rows)"
-        )
+def check_k_max(k_max: object) -> int:
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+        raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
+    return k_max
+
+
+def auto_rule(drafter: object, k_max: int, trees: bool, max_nodes: int, rows: int) -> Rule:
+    """k="auto": an OnlineDraftChoice over a DraftSwitch's candidates, else a cost model of the drafter."""
+    if isinstance(drafter, DraftSwitch):
+        if trees or rows > 1:
+            raise ValueError("k='auto' with a DraftSwitch chooses a chain draft for one sequence: decode one prompt at "
+                             "a time with chains, or give one of its candidates as the drafter")
+        return OnlineDraftChoice(drafter, k_max)
+    if trees:
+        if rows > 1:
+            raise ValueError("k='auto' for token trees prices one sequence's trees; for a batch give trees a fixed "
+                             "depth (an int k, or None), or use chains with k='auto'")
+        return TreeCostModel(k_max, check_draft_cost(drafter), max_nodes=max_nodes)
+    return CostModel(k_max, check_draft_cost(drafter))
+
+
+def checked_rule(rule: Rule, drafter: object, trees: bool, rows: int) -> Rule:
+    """A rule given as an object: it must price the proposal shape, the drafter and the rows given."""
+    if getattr(rule, "trees", trees) != trees:
+        wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
+        raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(rule).__name__}")
+    if getattr(rule, "draft_cost", None) is not None:
+        check_draft_cost(drafter, rule.draft_cost)
+    if getattr(rule, "switch", drafter) is not drafter:
+        raise ValueError(f"the {type(rule).__name__} selects in another DraftSwitch than the drafter given")
+    if rows > 1 and not (isinstance(rule, FixedDraftLength) or (isinstance(rule, CostModel) and not rule.trees)):
+        raise TypeError(f"{type(rule).__name__} chooses for one sequence; a batch takes a fixed k or a CostModel "
+                        "(k='auto'), which prices passes over all rows")
+    return rule

@@ -88,13 +88,13 @@ class TreeCostModel(CostModel):
         """A finished tree round: the shape of the drafter's proposal, the children the walk tried in the
         verified (kept) tree, and its draft and verify seconds."""
         self.round += 1
-        proposed, kept = round.proposed.parents.tolist(), round.verified.parents.tolist()
+        proposed, kept = round.proposed.rows[0].parents.tolist(), round.verified.rows[0].parents.tolist()
         if round.choice.k:
             if proposed:
                 self.shape = proposed
             self.record_draft(max(tree_depths(proposed), default=0), round.seconds["draft"])
         self.record_pass(len(kept) + 1, round.seconds["verify"])
-        self.record_trials(walk_trials(kept, round.path))
+        self.record_trials(walk_trials(kept, round.path[0]))
 
     # estimates --------------------------------------------------------------------------------------
 
@@ -139,8 +139,8 @@ class TreeCostModel(CostModel):
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int) -> Choice:
-        """Depth and node budget for the next round: depth at most `limit` (the budget) and k_max, at most
+    def choose(self, limit: int, rows: int = 1) -> Choice:
+        """Depth and node budget for the next round (one row): depth at most `limit` (the budget) and k_max, at most
         max_nodes nodes. Reads only earlier rounds."""
         limit = min(limit, self.k_max)
         if not self.ready:  # warm-up: a plain step, then the deepest unpruned tree, until both are timed

@@ -27,11 +27,14 @@ Token boundaries, and how they are handled:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..runtime.cached import CachedLM, logits_width
 from ..sampling import Sampling, probabilities, sample
+from .base import RowDrafter
 from .proposal import Draft
 from .trees import one_hot
 from .vocab import SharedTokens, shared_tokens
@@ -85,15 +88,28 @@ class DraftView:
         keep = min(common_prefix(self.cached, ids), len(ids) - 1)  # the last token is always fed again
         self.lm.crop(keep)
         self.cached = ids
-        return self.lm.forward(torch.tensor([ids[keep:]], device=self.lm.device))[-1, : self.vocab]
+        return self.lm.forward(torch.tensor([ids[keep:]], device=self.lm.device))[0, -1, : self.vocab]
 
     def feed(self, token: int) -> torch.Tensor:
         """Append one draft token; its next-token logits (V_d,)."""
         self.cached = [*self.cached, token]
-        return self.lm.forward(torch.tensor([[token]], device=self.lm.device))[-1, : self.vocab]
+        return self.lm.forward(torch.tensor([[token]], device=self.lm.device))[0, -1, : self.vocab]
+
+    def steps(self, sequence: torch.Tensor, k: int, pick: Callable[[torch.Tensor], tuple | None]) -> list:
+        """Up to k draft steps after the target's sequence (1, L): pick(logits) gives what a step emits and the
+        draft token to feed next, or None to stop; what the steps emitted."""
+        logits, emitted = self.catch_up(sequence), []
+        for i in range(k):
+            picked = pick(logits)
+            if picked is None:
+                break
+            emitted.append(picked[0])
+            if i + 1 < k:
+                logits = self.feed(picked[1])
+        return emitted
 
 
-class TokenIntersectionDrafter:
+class TokenIntersectionDrafter(RowDrafter):
     """TLI: drafts target tokens from the draft's q restricted to the shared tokens, renormalised."""
 
     draft_cost = "per_token"
@@ -108,11 +124,8 @@ class TokenIntersectionDrafter:
         self.shared: SharedTokens = shared_tokens(draft_tokenizer, target_tokenizer)
         self.renormalise = renormalise  # False only to show that the tests catch it
 
-    def start(self, prompt: torch.Tensor) -> None:
-        self.view.start()
-
-    def rollback(self, length: int) -> None:
-        pass  # the next proposal catches up from the target's sequence
+    def start_row(self, prompt: torch.Tensor) -> None:
+        self.view.start()  # rollback: nothing, the next proposal catches up from the target's sequence
 
     def restricted(self, q: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """q' (V,) over target tokens: q's mass on each shared token (summed where several draft tokens share a
@@ -123,28 +136,23 @@ class TokenIntersectionDrafter:
         total = q_t.sum()
         return q_t / total.clamp_min(torch.finfo(q.dtype).tiny) if self.renormalise else q_t
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
-        if k == 0:
-            return Draft.empty(vocab_size, sequence.device)
-        logits = self.view.catch_up(sequence)
-        tokens, rows = [], []
-        for i in range(k):
+        def pick(logits: torch.Tensor) -> tuple | None:
             q_t = self.restricted(probabilities(logits, sampling), vocab_size)  # (V,)
             if float(q_t.sum()) <= 0:
-                break  # nothing shared to draft from
+                return None  # nothing shared to draft from
             x = sample(q_t[None], generator)  # (1,)
-            tokens.append(x)
-            rows.append(q_t)
-            if i + 1 < k:
-                logits = self.view.feed(self.shared.draft_of_target[int(x)])
-        if not tokens:
+            return (x, q_t), self.shared.draft_of_target[int(x)]
+
+        drafted = self.view.steps(sequence, k, pick) if k else []
+        if not drafted:
             return Draft.empty(vocab_size, sequence.device)
-        return Draft(torch.cat(tokens), torch.stack(rows), forwards=len(tokens))
+        return Draft(torch.cat([x for x, _ in drafted]), torch.stack([q for _, q in drafted]), forwards=len(drafted))
 
 
-class StringDrafter:
+class StringDrafter(RowDrafter):
     """String-level: the draft's own k tokens, as text, re-tokenized into deterministic target candidates."""
 
     draft_cost = "per_token"
@@ -156,13 +164,13 @@ class StringDrafter:
         shared_tokens(draft_tokenizer, target_tokenizer)  # refuses a pair with nothing in common
         self.model, self.draft_tokenizer = model, draft_tokenizer
         self.view = DraftView(model, draft_tokenizer, target_tokenizer)
-        self.context_tokens = context_tokens  # accepted tokens whose text the draft's text is tokenized after
+        if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1:
+            raise ValueError(f"context_tokens (accepted tokens whose text the draft's text is tokenized after) must "
+                             f"be an int >= 1, got {context_tokens!r}")
+        self.context_tokens = context_tokens
 
-    def start(self, prompt: torch.Tensor) -> None:
+    def start_row(self, prompt: torch.Tensor) -> None:
         self.view.start()
-
-    def rollback(self, length: int) -> None:
-        pass
 
     def candidates(self, sequence: torch.Tensor, drafted: list[int]) -> list[int]:
         """Target tokens for the draft's text after the sequence's last accepted tokens, never changing them."""
@@ -175,18 +183,17 @@ class StringDrafter:
             return list(after[len(before) :])
         return list(encode(text, add_special_tokens=False)["input_ids"])  # the text would merge into the tail
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
         if k == 0:
             return Draft.empty(vocab_size, sequence.device)
-        logits = self.view.catch_up(sequence)
-        drafted = []
-        for i in range(k):
+
+        def pick(logits: torch.Tensor) -> tuple[int, int]:
             d = int(sample(probabilities(logits, sampling)[None], generator))
-            drafted.append(d)
-            if i + 1 < k:
-                logits = self.view.feed(d)
+            return d, d
+
+        drafted = self.view.steps(sequence, k, pick)
         tokens = torch.tensor([t for t in self.candidates(sequence, drafted) if t < vocab_size][:k], dtype=torch.long,
                               device=sequence.device)  # fmt: skip
         return Draft(tokens, one_hot(tokens, vocab_size), forwards=k)  # deterministic candidates: one-hot rows

@@ -7,10 +7,11 @@ import torch
 
 from ..checks import check_ngram_range
 from ..sampling import Sampling
+from .base import RowDrafter
 from .proposal import Draft
 
 
-class NGramDrafter:
+class NGramDrafter(RowDrafter):
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, propose what followed.
 
     Deterministic, so q is one-hot at each proposed token; tries n = max_ngram down to min_ngram.
@@ -24,12 +25,6 @@ class NGramDrafter:
         check_ngram_range(max_ngram, min_ngram)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-
-    def start(self, prompt: torch.Tensor) -> None:
-        pass
-
-    def rollback(self, length: int) -> None:
-        pass
 
     def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
@@ -54,7 +49,7 @@ class NGramDrafter:
             found = torch.cat([found, more])
         return found
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
         tokens = self.lookup(sequence[0], k)  # (n,) with n <= k

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.batch_cache import DEAD, BatchedLM
-from ..runtime.cached import CachedLM
+from ..runtime.cached import DEAD, CachedLM
 from ..sampling import Sampling, probabilities
 from ..verify.tree import IID
-from .tree import TreeDraft, ancestry
+from .tree import TreeDraft, ancestry, empty_tree
 
 
 @dataclass
@@ -39,24 +38,34 @@ class RowProposals:
     def map(self, change) -> RowProposals:
         return RowProposals([change(r) for r in self.rows], self.forwards)
 
-    def score(self, lm: BatchedLM, sequences: list[torch.Tensor], sampling: Sampling, vocab: int
+    @classmethod
+    def empty(cls, rows: int, vocab_size: int, device: torch.device | str, trees: bool = False) -> RowProposals:
+        """No draft in any row: the round is a plain target step."""
+        empty = empty_tree if trees else Draft.empty
+        return cls([empty(vocab_size, device) for _ in range(rows)])
+
+    def score(self, lm: CachedLM, sequences: list[torch.Tensor], sampling: Sampling, vocab: int
               ) -> list[torch.Tensor]:
-        """One target pass: row b's last token (the root) and its proposal; p_b (n_b + 1, V) per row."""
+        """One target pass: row b's last token (the root) and its proposal; p_b (n_b + 1, V) per row. Chains in
+        every row pass no ancestry (one row then takes the model's own causal mask)."""
         width = 1 + self.size
         lengths = lm.lengths().tolist()
         tokens = torch.zeros(len(self.rows), width, dtype=torch.long)
         positions = torch.full((len(self.rows), width), DEAD, dtype=torch.long)
-        seen = torch.zeros(len(self.rows), width, width, dtype=torch.bool)
+        chains = all(r.is_chain for r in self.rows)
+        seen = None if chains else torch.zeros(len(self.rows), width, width, dtype=torch.bool)
         for b, (proposal, sequence, cached) in enumerate(zip(self.rows, sequences, lengths)):
             if sequence.shape[-1] != cached + 1:
                 raise RuntimeError(f"row {b}: the target caches {cached} of {sequence.shape[-1]} tokens; it must "
                                    "cache all but the last")
+            proposal.check()
             n = proposal.size
             tokens[b, 0] = sequence[0, -1]
             tokens[b, 1 : 1 + n] = proposal.tokens
             positions[b, 0] = cached
             positions[b, 1 : 1 + n] = cached + torch.tensor(proposal.depths(), dtype=torch.long)
-            seen[b, : 1 + n, : 1 + n] = ancestry([-1] + [p + 1 for p in proposal.parents.tolist()])  # root = 0
+            if seen is not None:
+                seen[b, : 1 + n, : 1 + n] = ancestry([-1] + [p + 1 for p in proposal.parents.tolist()])  # root = 0
         logits = lm.forward(tokens, positions, seen)  # (B, width, V)
         p = probabilities(logits[..., :vocab], sampling)
         return [p[b, : 1 + r.size] for b, r in enumerate(self.rows)]
@@ -99,21 +108,14 @@ class Draft:
     def depths(self) -> list[int]:
         return list(range(1, self.size + 1))
 
-    def score(self, target: CachedLM, sequence: torch.Tensor, sampling: Sampling, vocab: int) -> torch.Tensor:
-        """One causal target pass: p_1..p_{k+1} (k+1, V)."""
-        return verify(target, sequence, self.tokens, sampling, vocab)
+    is_chain = True  # scored with a causal mask
+
+    def check(self) -> None:
+        """Nothing to check: a chain of any length (0: a plain step) is a valid proposal."""
 
     def overlaps(self, p: torch.Tensor, path: list[int]) -> torch.Tensor:
         """beta_i = sum_x min(p_i, q_i) at the positions the round tested (on the output path)."""
         return overlap(p, self.q, min(len(path) + 1, self.size))
-
-
-def verify(
-    target: CachedLM, sequence: torch.Tensor, draft: torch.Tensor, sampling: Sampling, vocab: int
-) -> torch.Tensor:
-    """One target pass over the unseen tail of sequence plus the draft; returns p_1..p_{k+1} (k+1, V)."""
-    logits = target.advance(torch.cat([sequence, draft[None]], dim=-1))  # (m + k, V_target)
-    return probabilities(logits[-(draft.numel() + 1) :, :vocab], sampling)
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor, observed: int) -> torch.Tensor:

@@ -9,20 +9,22 @@ from collections.abc import Mapping
 import torch
 
 from ..sampling import Sampling
-from .base import Drafter, Proposal
+from .base import Drafter, share_cache
+from .proposal import RowProposals
 
 
 class DraftSwitch:
-    """Several candidate drafters behind one: every candidate follows the sequence (start, rollback, the target's
-    cache), the selected one proposes. `default` is selected at the start of each sequence (a rule that chooses
-    online selects per round; a fixed k drafts with the default throughout)."""
+    """Several candidate drafters behind one: every candidate follows the sequences (start, rollback, rows leaving,
+    the target's cache), the one in use proposes. `default` is in use at the start of each run of sequences (a
+    rule that chooses online names a candidate per round, which the loop puts in use with `use`; a fixed k
+    drafts with the default throughout)."""
 
     def __init__(self, candidates: Mapping[str, Drafter], default: str | None = None):
         if not candidates:
             raise ValueError("DraftSwitch needs at least one candidate drafter")
         self.candidates = dict(candidates)
         self.default = next(iter(self.candidates)) if default is None else default
-        self.select(self.default)
+        self.use(self.default)
         widths = [d.vocab_size for d in self.candidates.values() if d.vocab_size]
         self.vocab_size = min(widths) if widths else None
 
@@ -35,27 +37,31 @@ class DraftSwitch:
         """The selected candidate's draft model (None for a model-free drafter)."""
         return getattr(self.candidates[self.selected], "model", None)
 
-    def select(self, name: str) -> None:
+    def use(self, name: str) -> None:
+        """Put candidate `name` in use: it proposes from the next round on."""
         if name not in self.candidates:
             raise KeyError(f"no candidate {name!r}; candidates: {', '.join(self.candidates)}")
         self.selected = name
 
     def share_cache(self, target: object) -> None:
         for drafter in self.candidates.values():
-            share = getattr(drafter, "share_cache", None)
-            if share is not None:
-                share(target)
+            share_cache(drafter, target)
 
-    def start(self, prompt: torch.Tensor) -> None:
-        self.select(self.default)
+    def start(self, prompts: list[torch.Tensor]) -> None:
+        self.use(self.default)
         for drafter in self.candidates.values():
-            drafter.start(prompt)
+            drafter.start(prompts)
 
     def propose(
-        self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
-    ) -> Proposal:
-        return self.candidates[self.selected].propose(sequence, k, sampling, vocab_size, generator)
+        self, sequences: list[torch.Tensor], k: int, sampling: Sampling, vocab_size: int,
+        generator: torch.Generator | None,
+    ) -> RowProposals:
+        return self.candidates[self.selected].propose(sequences, k, sampling, vocab_size, generator)
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, lengths: list[int]) -> None:
         for drafter in self.candidates.values():
-            drafter.rollback(length)
+            drafter.rollback(lengths)
+
+    def select(self, rows: list[int]) -> None:
+        for drafter in self.candidates.values():
+            drafter.select(rows)

@@ -3,11 +3,11 @@
 Notation of Leviathan et al.: p target distribution, q draft distribution. A draft tree holds n
 tokens in topological order, each with its parent (-1 = the root, the last token already in the
 sequence), the q row it was drawn from and how it was drawn (specdec.verify.tree's modes). One
-target pass scores every node: the query tokens are the sequence's unseen tail followed by the n
-nodes, a 4D attention mask lets each node see the whole prefix, its ancestors and itself, and a
-node's position id is the position of the root plus its depth (Miao et al. 2023, SpecInfer).
-accept_tree walks the tree with the exact rules; afterwards the target's KV cache keeps only the
-accepted path (compaction, CachedLM.compact), never the rejected branches.
+target pass scores every node (specdec.draft.proposal.RowProposals.score): the queries are the root
+followed by the n nodes, a 4D attention mask lets each node see the whole prefix, its ancestors and
+itself, and a node's position id is the position of the root plus its depth (Miao et al. 2023,
+SpecInfer). accept_tree walks the tree with the exact rules; afterwards the target's KV cache keeps
+only the accepted path (CachedLM.keep), never the rejected branches.
 
 How much to draft (k="auto", specdec.choose.tree_cost.TreeCostModel): each round a depth d and a node budget N are
 chosen from earlier rounds only; the drafter is asked for depth d and its tree cut to its first N nodes
@@ -25,9 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from ..choose.tree_cost import breadth_first, tree_depths
-from ..runtime.cached import CachedLM
-from ..runtime.masks import as_model_mask, layer_kinds, tree_mask
-from ..sampling import Sampling, probabilities
 from ..verify.tree import DETERMINISTIC, IID, MODE_NAMES, children_of
 
 
@@ -49,11 +46,15 @@ class TreeDraft:
         """Depth of each node: 1 for the root's children."""
         return tree_depths(self.parents.tolist())
 
-    def score(self, target: CachedLM, sequence: torch.Tensor, sampling: Sampling, vocab: int) -> torch.Tensor:
-        """One target pass over the tail and every node (a plain step when empty): p (n+1, V)."""
-        if not self.size:
-            return probabilities(target.advance(sequence)[-1:, :vocab], sampling)  # (1, V)
-        return verify_tree(target, sequence, self, sampling, vocab)
+    @property
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it (a chain, scored with a causal mask)."""
+        return self.parents.tolist() == list(range(-1, self.size - 1))
+
+    def check(self) -> None:
+        """A valid tree (check_tree) unless empty (a plain step)."""
+        if self.size:
+            check_tree(self)
 
     def overlaps(self, p: torch.Tensor, path: list[int]) -> torch.Tensor:
         return path_overlaps(p, self, path)
@@ -128,36 +129,6 @@ def check_tree(tree: TreeDraft, max_nodes: int | None = None) -> None:
             f"the tree has {n} nodes but the pass limit is max_nodes={max_nodes}: lower the drafter's node "
             "budget or raise max_nodes"
         )
-
-
-def tree_logits(lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft) -> torch.Tensor:
-    """One pass over the unseen tail of sequence (1, L) plus the tree; returns the logits (tail + n, V).
-
-    The cache then holds the sequence and every node; compact it to the accepted path.
-    """
-    tail = sequence[:, lm.length :]  # (1, m), m >= 1: at least the root
-    m = tail.shape[-1]
-    if m < 1:
-        raise ValueError("the cache already holds the whole sequence: the root token must not be cached yet")
-    depths = torch.tensor(tree.depths(), dtype=torch.long, device=lm.device)  # (n,)
-    ancestors = tree.ancestors().to(lm.device)  # (n, n)
-    masks = {
-        kind: as_model_mask(tree_mask(ancestors, depths, lm.length, m, visible, window), lm.model)
-        for kind, (visible, window) in layer_kinds(lm).items()
-    }
-    mask = next(iter(masks.values())) if len(masks) == 1 else masks  # hybrid models take one mask per type
-    positions = torch.cat([torch.arange(lm.length, lm.length + m, device=lm.device), lm.length + m - 1 + depths])
-    tokens = torch.cat([tail.to(lm.device), tree.tokens[None].to(lm.device)], dim=-1)  # (1, m + n)
-    return lm.forward(tokens, attention_mask=mask, position_ids=positions[None])
-
-
-def verify_tree(
-    lm: CachedLM, sequence: torch.Tensor, tree: TreeDraft, sampling: Sampling, vocab: int, max_nodes: int | None = None
-) -> torch.Tensor:
-    """p (n+1, V): p[0] the target after the root (the sequence's last token), p[1+i] after node i."""
-    check_tree(tree, max_nodes)
-    logits = tree_logits(lm, sequence, tree)  # (m + n, V_target)
-    return probabilities(logits[-(tree.size + 1) :, :vocab], sampling)
 
 
 def prune_tree(tree: TreeDraft, depth: int, nodes: int) -> TreeDraft:

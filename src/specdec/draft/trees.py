@@ -17,8 +17,9 @@ from ..checks import check_counts, check_ngram_range
 from ..runtime.cached import CachedLM, logits_width
 from ..sampling import Sampling, probabilities, sample
 from ..verify.tree import DETERMINISTIC, DISTINCT, IID
-from .base import Drafter, share_cache
+from .base import Drafter, RowDrafter, share_cache
 from .model import TargetStates
+from .proposal import RowProposals
 from .tree import TreeDraft, chain, empty_tree, merge
 
 CHILDREN = {"top": DETERMINISTIC, "iid": IID, "distinct": DISTINCT}  # how a model drafter picks siblings
@@ -49,25 +50,24 @@ class ChainTreeDrafter:
     def share_cache(self, target: CachedLM) -> None:
         share_cache(self.drafter, target)
 
-    def fork(self) -> ChainTreeDrafter:
-        """The same drafter for another sequence (a batch's row)."""
-        inner = self.drafter if getattr(self.drafter, "stateless", False) else self.drafter.fork()
-        return ChainTreeDrafter(inner, self.k)
+    def start(self, prompts: list[torch.Tensor]) -> None:
+        self.drafter.start(prompts)
 
-    def start(self, prompt: torch.Tensor) -> None:
-        self.drafter.start(prompt)
+    def rollback(self, lengths: list[int]) -> None:
+        self.drafter.rollback(lengths)
 
-    def rollback(self, length: int) -> None:
-        self.drafter.rollback(length)
+    def select(self, rows: list[int]) -> None:
+        self.drafter.select(rows)
 
     def propose(
-        self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
-    ) -> TreeDraft:
-        draft = self.drafter.propose(sequence, min(self.k, depth), sampling, vocab_size, generator)
-        return chain(draft.tokens, draft.q, IID, draft.forwards)  # one i.i.d. child: Leviathan's rule
+        self, sequences: list[torch.Tensor], depth: int, sampling: Sampling, vocab_size: int,
+        generator: torch.Generator | None,
+    ) -> RowProposals:
+        drafts = self.drafter.propose(sequences, min(self.k, depth), sampling, vocab_size, generator)
+        return drafts.map(lambda d: chain(d.tokens, d.q, IID, d.forwards))  # one i.i.d. child: Leviathan's rule
 
 
-class NGramTreeDrafter:
+class NGramTreeDrafter(RowDrafter):
     """Prompt lookup with several matches: the continuations of the latest `matches` occurrences of the
     sequence's last n tokens, for n = max_ngram down to min_ngram, merged into a trie of at most `nodes`
     nodes and depth `depth`. Longer n-grams and later occurrences come first among siblings."""
@@ -87,12 +87,6 @@ class NGramTreeDrafter:
         """The most nodes one proposal holds."""
         return self.nodes
 
-    def start(self, prompt: torch.Tensor) -> None:
-        pass
-
-    def rollback(self, length: int) -> None:
-        pass
-
     def continuations(self, seq: torch.Tensor, depth: int) -> list[list[int]]:
         """Candidate continuations (each up to `depth` tokens), best first."""  # seq: (L,)
         found = []
@@ -105,7 +99,7 @@ class NGramTreeDrafter:
                 found.append(seq[idx].tolist())
         return found
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> TreeDraft:
         tokens: list[int] = []
@@ -124,7 +118,7 @@ class NGramTreeDrafter:
         return deterministic_tree(tokens, parents, vocab_size, sequence.device)
 
 
-class ModelTreeDrafter:
+class ModelTreeDrafter(RowDrafter):
     """A small causal LM that branches at the first depths, then extends its most likely branch as a chain.
 
     branches[d] children per node at depth d (the root is depth 0), picked by `children`: "top" = the b
@@ -177,23 +171,28 @@ class ModelTreeDrafter:
         twin.lm, twin.fed, twin.states = CachedLM(self.model), self.fed[:, :0], TargetStates(False)
         return twin
 
-    def start(self, prompt: torch.Tensor) -> None:
+    def start(self, prompts: list[torch.Tensor]) -> None:
+        if len(prompts) > 1:
+            self.states.offered = None  # a batch's target cache is not one sequence's: every row drafts alone
+        super().start(prompts)
+
+    def start_row(self, prompt: torch.Tensor) -> None:
         self.lm.reset()
         self.fed = prompt[:, :0]
         if not self.states.begin() and prompt.shape[-1] > 1:
             self.feed(prompt[:, :-1], last_only=True)  # prefill all but the last prompt token
 
-    def rollback(self, length: int) -> None:
+    def rollback_row(self, length: int) -> None:
         """Nothing now: the next propose crops to the part of the cache that agrees with the sequence."""
 
     def crop(self, length: int) -> None:
-        """Branches are fed one after another, so crops go back and forth: sliding-window layers keep their past."""
-        self.lm.crop(length, keep_past=True)
+        """Branches are fed one after another, so crops go back and forth (every layer keeps its states)."""
+        self.lm.crop(length)
         self.fed = self.fed[:, :length]
 
     def feed(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append tokens (1, m) to the draft cache; their logits (m, V)."""
-        logits = self.lm.forward(tokens, last_only=last_only)
+        logits = self.lm.forward(tokens, last_only=last_only)[0]
         self.fed = torch.cat([self.fed, tokens.to(self.fed.device)], dim=-1)
         return logits
 
@@ -224,14 +223,14 @@ class ModelTreeDrafter:
             q = q / q.sum()
         return torch.cat(tokens), torch.stack(rows)
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> TreeDraft:
         depth = min(self.depth, depth)
         if depth == 0:
             return empty_tree(vocab_size, sequence.device)
         if self.states.target is not None:
-            self.states.copy_into(self.lm, self.crop)
+            self.states.copy_into(self.lm)
             self.fed = sequence[:, : self.lm.length].to(self.fed.device)
         tokens, parents, rows, modes, paths, score = [], [], [], [], {-1: []}, {-1: 0.0}
         frontier, forwards = [-1], 0
@@ -289,12 +288,12 @@ class HybridTreeDrafter(ModelTreeDrafter):
     def most_nodes(self) -> int:
         return self.nodes + self.ngram.nodes
 
-    def propose(
+    def propose_row(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> TreeDraft:
         return merge(
             [
-                self.ngram.propose(sequence, depth, sampling, vocab_size, generator),
-                super().propose(sequence, depth, sampling, vocab_size, generator),
+                self.ngram.propose_row(sequence, depth, sampling, vocab_size, generator),
+                super().propose_row(sequence, depth, sampling, vocab_size, generator),
             ]
         )

@@ -1,10 +1,28 @@
-"""A causal language model together with its KV cache, holding a prefix of one sequence.
+"""A causal language model together with the KV caches of B sequences (B = 1: one sequence).
 
-Both the target and a draft model go through this wrapper: `forward` appends tokens to the
-cache and returns their logits, `crop` rolls the cache back after a rejection, and `compact`
-keeps one root-to-leaf path of a token tree that was appended by the last forward. Rolling back
-sliding-window layers (Gemma2, Mistral) needs past recording, switched on after the prefill,
-as transformers' own assisted generation does.
+Both the target and a draft model go through this wrapper: `forward` appends tokens to every row and returns
+their logits, `keep` keeps each row's accepted path of the last proposal, `select` lets finished rows leave.
+
+Layout. Every row of the cache holds one sequence's keys and values in cache slots; each slot carries the position
+of its token in that row's sequence, or DEAD (-1) for a slot that holds nothing (left padding of a shorter prompt,
+a padded query of a ragged pass, a rejected draft token). A forward appends the same number of slots to every
+row, so one model pass serves all rows however far each has got.
+
+A batch of one crops. One row never holds a dead slot: a rejection crops it (a slice, no copy) and a token tree
+keeps its accepted path by one gather per layer (compaction), so a single sequence passes no mask of its own and
+its chains run with the model's own causal (and sliding-window) masks. Several rows accept different numbers of
+tokens; cropping each to its own length would need a cache whose rows have their own lengths, or a copy of
+every row after every round. So there a rejected token's slot is marked dead instead: the masks hide it from
+every later query, and the slots are compacted (each row's live states moved to the right end, one gather per
+layer) only when dead slots outnumber live ones, which keeps the copying amortized to O(1) per token.
+
+Masks from positions (trees, and several rows). Every such forward gets one 4D mask per attention type, built
+from the slots' positions: a query sees the live slots of its own row that are not ahead of it (for a token
+tree: its ancestors), and a sliding-window layer additionally hides keys `window` or more positions behind the
+query, exactly what that layer computes for one sequence alone. Position ids are the tokens' own positions, so
+rotary embeddings see each row as if it were alone. For this every layer keeps every state (sliding-window
+layers too): a window is applied by the mask, never by dropping states, so a dead slot inside the window cannot
+push a live state out of it, and a crop never needs a state a window already dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +30,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from .masks import check_masked_backend, model_mask
+
+DEAD = -1  # the position of a slot that holds no token of its row
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -28,11 +50,10 @@ def context_length(model: PreTrainedModel) -> int | None:
 
 
 class GrowingLayer(DynamicLayer):
-    """A full-attention cache layer that appends in place into a buffer grown by doubling.
+    """A cache layer that appends in place into a buffer grown by doubling.
 
-    DynamicLayer concatenates, copying the whole cache at every forward (O(L) per step); here a step
-    copies only its new tokens. keys/values are views of the buffer's first `length` positions, so
-    DynamicLayer's crop (a slice) and sequence length still apply unchanged.
+    DynamicLayer concatenates, copying the whole cache at every forward (O(L) per step); here a step copies only
+    its new tokens. keys/values are views of the buffer's first positions, so a crop is a slice.
     """
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -55,14 +76,36 @@ class GrowingLayer(DynamicLayer):
         self.values = self.value_buffer[..., :end, :]
         return self.keys, self.values
 
+    def held(self) -> bool:
+        return self.is_initialized and self.keys is not None
+
+    def keep_slots(self, end: int) -> None:
+        """Keep the first `end` slots (a crop)."""
+        if self.held():
+            self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+
     def compact(self, start: int, kept: torch.Tensor) -> None:
-        """Keep positions [0, start) and start + kept, in that order; kept (j,) indexes the last positions."""
-        end = start + kept.numel()
-        if self.is_initialized and self.key_buffer is not None:
+        """Keep slots [0, start) and start + kept, in that order; kept (j,) indexes the last slots."""
+        if self.held():
+            end = start + kept.numel()
             self.key_buffer[..., start:end, :] = self.key_buffer[..., start + kept, :]  # gather copies first
             self.value_buffer[..., start:end, :] = self.value_buffer[..., start + kept, :]
-            self.keys = self.key_buffer[..., :end, :]
-            self.values = self.value_buffer[..., :end, :]
+            self.keep_slots(end)
+
+    def gather(self, index: torch.Tensor) -> None:
+        """Keep the slots `index` (B, S') of every row, in that order."""
+        if self.held():
+            expanded = index[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[-1])
+            self.take(self.keys.gather(2, expanded), self.values.gather(2, expanded))
+
+    def rows(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (R,), in that order."""
+        if self.held():
+            self.take(self.keys.index_select(0, index), self.values.index_select(0, index))
+
+    def take(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = keys, values
+        self.keys, self.values = keys, values
 
 
 def grown(buffer: torch.Tensor | None, new: torch.Tensor, length: int, needed: int) -> torch.Tensor:
@@ -74,130 +117,224 @@ def grown(buffer: torch.Tensor | None, new: torch.Tensor, length: int, needed: i
     return fresh
 
 
-def kv_cache(model: PreTrainedModel) -> DynamicCache:
-    """The model's dynamic cache with every plain full-attention layer made a GrowingLayer."""
+def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
+    """Attention type -> its sliding window (None: full attention), as the model's own cache would build it."""
+    kinds: dict[str, int | None] = {}
+    for layer in DynamicCache(config=model.config).layers:
+        if type(layer) is DynamicSlidingWindowLayer:
+            kinds["sliding_attention"] = layer.sliding_window
+        elif type(layer) is DynamicLayer:
+            kinds["full_attention"] = None
+        else:
+            raise NotImplementedError(
+                f"cache layer {type(layer).__name__} is not supported: specdec caches models whose layers are "
+                "full-attention or sliding-window dynamic layers (Llama, Gemma 1-3, Mistral, Mixtral, Qwen2, GPT-NeoX)"
+            )
+    return kinds
+
+
+def full_cache(model: PreTrainedModel) -> DynamicCache:
+    """A dynamic cache whose every layer keeps all states in a GrowingLayer (sliding windows are masks)."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer() for _ in cache.layers]
     return cache
 
 
-class CachedLM:
-    """One sequence's KV cache for `model`; `length` tokens of the sequence are cached."""
+def causal_ancestry(rows: int, width: int, device: torch.device) -> torch.Tensor:
+    """(B, n, n) bool: each new token sees the new tokens before it and itself (a chain in every row)."""
+    return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(rows, width, width)
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, rollback: bool = True):
+
+def left_padded(rows: list[torch.Tensor], starts: list[int], device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows (n_b,) left-padded into (B, n) with their positions starts[b].. (DEAD for padding)."""
+    width = max((r.numel() for r in rows), default=0)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    positions = torch.full((len(rows), width), DEAD, dtype=torch.long, device=device)
+    for b, (row, start) in enumerate(zip(rows, starts)):
+        n = row.numel()
+        if n:
+            tokens[b, width - n :] = row.to(device)
+            positions[b, width - n :] = torch.arange(start, start + n, device=device)
+    return tokens, positions
+
+
+class CachedLM:
+    """B sequences' KV caches for `model`: row b holds the first lengths()[b] tokens of sequence b.
+
+    positions (B, S): the position in its row of the token each of the S slots holds, DEAD for none.
+    Invariant: a row's live positions are exactly 0..lengths()[b] - 1 (a prefix of its sequence); one row has no
+    dead slot.
+    """
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
         self.model = model
         self.vocab_size = vocab_size or logits_width(model)
-        self.rollback = rollback
         self.device = model.device
+        self.windows = attention_windows(model)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = kv_cache(self.model)
-        self.length = 0
-        self.recording = False
+        self.cache = full_cache(self.model)
+        self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.layout = 0  # changes whenever kept slots move (compaction, rows leaving): a reader must copy afresh
+
+    @property
+    def rows(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def length(self) -> int:
+        """Tokens cached in the one row of a batch of one (its slots)."""
+        if self.rows > 1:
+            raise ValueError(f"the cache holds {self.rows} rows: read lengths() for each row's")
+        return self.slots
+
+    def lengths(self) -> torch.Tensor:
+        """(B,) tokens cached per row."""
+        return (self.positions != DEAD).sum(dim=1)
+
+    def masks(self, positions: torch.Tensor, ancestry: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4D mask of every attention type for new tokens at `positions` (B, n) with `ancestry` (B, n, n)."""
+        check_masked_backend(self.model, "token trees and batches", "decode one sequence with chains")
+        rows, width = positions.shape
+        keys = torch.cat([self.positions, positions], dim=1)  # (B, S + n)
+        new = ancestry & (positions != DEAD)[:, None, :]
+        seen = torch.cat([(self.positions != DEAD)[:, None, :].expand(rows, width, self.slots), new], dim=2)
+        seen[:, torch.arange(width), self.slots + torch.arange(width)] = True  # every query sees itself: a dead
+        # one (padding) then has one finite key, so no row of the softmax is empty; nothing live ever sees it
+        masks = {}
+        for kind, window in self.windows.items():
+            visible = seen if window is None else seen & ((positions[:, :, None] - keys[:, None, :]) < window)
+            masks[kind] = model_mask(visible, self.model)
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     @torch.inference_mode()
     def forward(
-        self,
-        tokens: torch.Tensor,
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, ancestry: torch.Tensor | None = None,
         last_only: bool = False,
-        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
-        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Append tokens (1, n) to the cache; return their next-token logits (n, V), or (1, V) if last_only.
-
-        attention_mask and position_ids default to the causal ones; a token tree passes its own 4D mask
-        (1, 1, n, kv) (or one per attention type) and position ids (1, n).
-
-        A first forward with last_only is the prefill, which is never cropped; every later forward may be,
-        so past recording is switched on before it (a verification pass longer than a sliding window
-        would otherwise drop states a crop needs, e.g. after a one-token prompt).
-        """
-        if self.rollback and not self.recording and not (self.length == 0 and last_only):
-            self.cache.activate_past_recording()
-            self.recording = True
+        """Append tokens (B, n) to every row at positions (B, n) (DEAD: padding; default: each row's next n); their
+        logits (B, n, V), or (B, 1, V) with last_only. ancestry (B, n, n): which new tokens each new token sees
+        (default: a chain). One row's chain takes the model's own masks."""
+        rows, width = tokens.shape
+        if not self.rows:
+            self.positions = torch.zeros(rows, 0, dtype=torch.long, device=self.device)
+        if rows != self.rows:
+            raise ValueError(f"the cache holds {self.rows} rows, the tokens have {rows}")
+        if positions is None:
+            positions = self.lengths()[:, None] + torch.arange(width, device=self.device)
+        positions = positions.to(self.device)
+        plain = rows == 1 and ancestry is None
+        if not plain:
+            ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
         out = self.model(
             input_ids=tokens.to(self.device),
             cache=self.cache,
             use_cache=True,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            attention_mask=None if plain else self.masks(positions, ancestry),
+            position_ids=None if plain else positions.clamp_min(0),
             logits_to_keep=1 if last_only else 0,
         )
-        self.length += tokens.shape[-1]
-        return out.logits[0, :, : self.vocab_size]  # (n, V)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        return out.logits[..., : self.vocab_size]
 
-    def prefill(self, sequence: torch.Tensor) -> None:
-        """Cache every token of sequence (1, L) but the last, whose logits the first round computes."""
-        if sequence.shape[-1] > 1:
-            self.forward(sequence[:, :-1], last_only=True)
+    def advance(self, sequences: list[torch.Tensor], last_only: bool = False) -> torch.Tensor:
+        """Feed each row the part of its sequence (1, L_b) it has not cached, left-padded; their logits."""
+        lengths = self.lengths().tolist() if self.rows else [0] * len(sequences)
+        tokens, positions = left_padded([s[0, n:] for s, n in zip(sequences, lengths)], lengths, self.device)
+        return self.forward(tokens, positions, last_only=last_only)
 
-    def crop(self, length: int, keep_past: bool = False) -> None:
-        """Keep the first `length` cached tokens (never grows the cache).
+    def prefill(self, prompts: list[torch.Tensor]) -> None:
+        """Cache every token but the last of each prompt (1, L_b), left-padded to the longest."""
+        self.reset()
+        self.positions = torch.zeros(len(prompts), 0, dtype=torch.long, device=self.device)
+        if max(p.shape[-1] for p in prompts) > 1:
+            self.advance([p[:, :-1] for p in prompts], last_only=True)
 
-        A sliding-window layer's crop trims its states back to the window, so a second crop further back
-        without a forward between fails; keep_past keeps them (memory then grows as a full layer's does).
-        """
+    def keep(self, width: int, kept: list[list[int]]) -> None:
+        """Of the last `width` slots of every row (a pass's proposal), keep kept[b] (indices into them, in path
+        order) in row b. One row: a crop when they are its first slots (a chain), a compaction otherwise; several:
+        the others die, and the slots are compacted when dead ones outnumber live ones."""
+        start = self.slots - width
+        if self.rows == 1:
+            path = kept[0]
+            if path == list(range(len(path))):
+                self.crop(start + len(path))
+            else:
+                self.keep_path(start, torch.tensor(path, dtype=torch.long, device=self.device))
+            return
+        alive = torch.ones(self.rows, self.slots, dtype=torch.bool)
+        alive[:, start:] = False
+        for row, ids in enumerate(kept):
+            alive[row, [start + i for i in ids]] = True
+        self.positions = torch.where(alive.to(self.device), self.positions, DEAD)
+        self.compact_if_sparse()
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens of the one row (never grows it)."""
         if length > self.length:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
-        if length == self.length and not keep_past:
-            return  # nothing to drop (and a sliding-window layer past its window without recording, e.g. a
-            # draft that has only prefilled a long prompt, refuses even an empty crop)
-        if keep_past:
-            self.compact(self.length - length, torch.zeros(0, dtype=torch.long), keep_past=True)
-            return
-        self.cache.crop(length - self.length)  # a negative count: tokens to drop
-        self.length = length
+        for layer in self.cache.layers:
+            layer.keep_slots(length)
+        self.positions = self.positions[:, :length]
 
     @torch.inference_mode()
-    def compact(self, width: int, kept: torch.Tensor, keep_past: bool = False) -> None:
-        """Of the last `width` cached tokens (a tree appended by the last forward), keep only `kept` (j,).
-
-        kept holds indices into those `width` tokens, in the order they are to be cached (a root-to-leaf
-        path). Every layer keeps its earlier states and gathers the kept ones on the sequence axis; a
-        sliding-window layer then trims back to its window as its own crop does, unless keep_past.
-        """
-        if width > self.length:
-            raise ValueError(f"cannot compact {width} tokens of a cache holding {self.length}")
-        kept = kept.to(self.device, torch.long)
+    def keep_path(self, start: int, kept: torch.Tensor) -> None:
+        """Keep slots [0, start) and start + kept (j,) of the one row, in that order (a tree's accepted path)."""
         for layer in self.cache.layers:
-            compact_layer(layer, width, kept, trim=not keep_past)
-        self.length += kept.numel() - width
+            layer.compact(start, kept)
+        self.positions = torch.cat([self.positions[:, :start], self.positions[:, start + kept]], dim=1)
 
-    def keep(self, width: int, kept: list[int]) -> None:
-        """Of the last `width` cached tokens (a proposal the last forward appended), keep `kept` (indices into
-        them, in path order): a crop when they are its first tokens (a chain), a compaction otherwise."""
-        if kept == list(range(len(kept))):
-            self.crop(self.length - width + len(kept))
+    def truncate(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] tokens of row b (never grows a row): one row crops, several mark slots dead."""
+        if self.rows == 1:
+            self.crop(min(lengths[0], self.slots))
+            return
+        limit = torch.tensor(lengths, device=self.device)[:, None]
+        self.positions = torch.where(self.positions >= limit, DEAD, self.positions)
+
+    def compact_if_sparse(self) -> None:
+        live = int(self.lengths().max()) if self.rows else 0
+        if self.slots > 2 * live + 32:
+            self.compact()
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Move every row's live slots to the right end, in slot order; S becomes the longest row's length."""
+        live = self.positions != DEAD
+        keep = int(live.sum(dim=1).max()) if self.rows else 0
+        order = (live.long() * torch.arange(1, self.slots + 1, device=self.device)).argsort(dim=1, stable=True)
+        index = order[:, self.slots - keep :]  # (B, keep): dead slots first, then the live ones in order
+        for layer in self.cache.layers:
+            layer.gather(index)
+        self.positions = self.positions.gather(1, index)
+        self.layout += 1
+
+    @torch.inference_mode()
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (finished ones leave the batch), in this order."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.rows(index)
+        self.positions = self.positions.index_select(0, index)
+        self.layout += 1
+        if len(rows) == 1:
+            self.compact()  # a batch of one holds no dead slot: it crops from now on
         else:
-            self.compact(width, torch.tensor(kept, dtype=torch.long))
+            self.compact_if_sparse()
 
-    def advance(self, sequence: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Feed the part of sequence (1, L) the cache has not seen; return those positions' logits."""
-        return self.forward(sequence[:, self.length :], last_only=last_only)
-
-
-def compact_layer(layer: DynamicLayer, width: int, kept: torch.Tensor, trim: bool = True) -> None:
-    """Drop the last `width` positions of one cache layer except `kept` (indices into them); `trim` cuts a
-    sliding-window layer back to the states its next forward can see."""
-    if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
-        return  # a layer that shares another layer's states
-    if isinstance(layer, GrowingLayer):
-        layer.compact(layer.get_seq_length() - width, kept)
-        return
-    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-        raise NotImplementedError(
-            f"cache layer {type(layer).__name__} cannot be compacted; token trees support full-attention and "
-            "sliding-window dynamic caches: use a chain (speculative_generate) with this model"
-        )
-    start = layer.keys.shape[-2] - width
-    if start < 0:
-        raise RuntimeError(f"a {type(layer).__name__} holds {layer.keys.shape[-2]} states, fewer than the {width} "
-                           "to compact: its past was trimmed (crop with keep_past=True between branches)")
-    layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., start + kept, :]], dim=-2)
-    layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., start + kept, :]], dim=-2)
-    if isinstance(layer, DynamicSlidingWindowLayer):
-        layer.cumulative_length += kept.numel() - width
-        if trim and layer.cumulative_length >= layer.sliding_window:  # what the next forward sees, as crop does
-            layer.keys = layer.keys[..., -layer.sliding_window + 1 :, :]
-            layer.values = layer.values[..., -layer.sliding_window + 1 :, :]
+    @torch.inference_mode()
+    def copy_from(self, other: CachedLM, start: int) -> None:
+        """Hold other's slots: keep our first `start` (copied from it before, same layout), append its slots from
+        `start` on cast to our dtype, and take its positions (slots it marked dead since are dead here too)."""
+        dtype = self.model.get_input_embeddings().weight.dtype
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keep_slots(start)
+            if other.slots > start:
+                mine.update(theirs.keys[..., start:, :].to(dtype), theirs.values[..., start:, :].to(dtype))
+        self.positions = other.positions.clone()

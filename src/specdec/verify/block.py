@@ -9,9 +9,10 @@ import torch
 
 from ..draft.proposal import Draft
 from ..sampling import sample
+from .base import AcceptanceRule
 
 
-class BlockVerification:
+class BlockVerification(AcceptanceRule):
     """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh; ICLR 2025, arXiv
     2403.10444): the drafted block is verified jointly instead of token by token, from the same p and q.
 

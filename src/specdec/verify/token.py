@@ -22,6 +22,7 @@ import torch
 
 from ..draft.proposal import Draft
 from ..sampling import sample
+from .base import AcceptanceRule
 
 
 def residual(p_i: torch.Tensor, q_i: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,7 @@ def accept(
     return n, next_token
 
 
-class TokenLevel:
+class TokenLevel(AcceptanceRule):
     """Leviathan's token-level acceptance rule for a chain (`accept`); the accepted path is its first n tokens."""
 
     trees = False  # verifies chains; token trees take specdec.verify.tree.TreeRules

@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from ..sampling import sample
+from .base import AcceptanceRule
 from .tree import DETERMINISTIC, DISTINCT, Tree, check_sibling_modes, children_of, normalise, without
 
 # (w_u, p_u, q_c, x) -> (w_u', p_u'): u's state after its child with token x, drawn from q_c, accepted nothing
@@ -74,7 +75,7 @@ def proposal(q_row: torch.Tensor, mode: int, x: int, running: torch.Tensor | Non
     return q_row
 
 
-class TraversalVerification:
+class TraversalVerification(AcceptanceRule):
     """Traversal verification as the loop's acceptance rule for token trees (and chains as trees)."""
 
     trees = True  # verifies token trees; the loop keeps per-pass tree sizes and depths

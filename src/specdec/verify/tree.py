@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from ..sampling import sample
+from .base import AcceptanceRule
 
 DETERMINISTIC, IID, DISTINCT = 0, 1, 2
 MODE_NAMES = {DETERMINISTIC: "deterministic", IID: "iid", DISTINCT: "distinct"}
@@ -166,7 +167,7 @@ def accept_tree(
     return path, sample(p[node + 1][None], generator)
 
 
-class TreeRules:
+class TreeRules(AcceptanceRule):
     """The exact tree rules as the decoding loop's acceptance rule: accept_tree on a tree (or a chain, whose
     i.i.d. children make it Leviathan's rule, one host sync per accepted node)."""
 
