@@ -1,8 +1,29 @@
-"""Drafters and rounds that tests build by hand."""
+"""What several tests share: drafters, rounds and clocks built by hand, and the target's own greedy output."""
 
+import random
 from types import SimpleNamespace
 
 import torch
+
+GREEDY_PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])  # repeats itself: lookups and drafts agree in part
+
+
+def hf_greedy(model, ids, n):
+    """The model's own greedy generate (Hugging Face): n new tokens after ids (1, L)."""
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[-1] :]
+
+
+class RandomClock:
+    """Each reading advances time by a uniform amount in [0, 1): varied, reproducible round costs."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.rng.random()
+        return self.now
 
 
 class BareDrafter:
@@ -10,13 +31,16 @@ class BareDrafter:
 
     vocab_size = None
 
-    def start(self, prompt):
+    def start(self, prompts):
         pass
 
-    def propose(self, sequence, length, sampling, vocab_size, generator):
+    def propose(self, sequences, length, sampling, vocab_size, generator):
         raise AssertionError("never reached")
 
-    def rollback(self, length):
+    def rollback(self, lengths):
+        pass
+
+    def select(self, rows):
         pass
 
 
@@ -37,3 +61,16 @@ def tree_round(choice, proposed, kept, path, seconds):
 
     return SimpleNamespace(choice=choice, proposed=one_row(proposed), verified=one_row(kept), path=[list(path)],
                            overlaps=[torch.zeros(0)], seconds=seconds)
+
+
+def log_target_passes(monkeypatch, log: list) -> None:
+    """Append ("verify",) to `log` at every target pass of the loop (RowProposals.score)."""
+    from specdec.draft.proposal import RowProposals
+
+    score = RowProposals.score
+
+    def logged_score(self, *args, **kwargs):
+        log.append(("verify",))
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(RowProposals, "score", logged_score)

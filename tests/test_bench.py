@@ -10,14 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from experiments.bench.figures import pooled_stats
-from experiments.bench.goals import GOALS, ISSUE_9, goal_entries, target_of
-from experiments.bench.ratios import EQUAL_WIDTH, check_identical
-from experiments.bench.schedule import interleaved
+from experiments.bench.goals import GOALS, ISSUE_9, target_of
+from experiments.bench.ratios import EQUAL_WIDTH
 from experiments.bench.table import bench_table
-from experiments.records import machine, machine_sentence, markdown_table, strict_json
 from experiments.run.settings import validate
 
 pytestmark = pytest.mark.slow  # each bench is a subprocess that builds a dozen contenders
@@ -186,94 +182,6 @@ def test_scaling_rows_have_every_contender(tmp_path):
     assert "by_prompt_length" in (tmp_path / "scaling.md").read_text()
 
 
-def test_unknown_contender_is_refused():
-    """Before anything loads (a ConfigError: `python -m experiments.bench` exits with 2 and the message)."""
-    from hydra import compose, initialize_config_dir
-
-    from experiments.bench.app import contenders_of
-    from experiments.run.pair import Pairs
-    from experiments.run.settings import ConfigError
-
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("bench", overrides=TINY)
-        with pytest.raises(ConfigError, match=r"\['warp_drive'\] are not in bench.contenders"):
-            contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
-
-
-def test_pooled_chosen_k_histograms_add_up():
-    run = {key: 1.0 for key in ("emitted", "drafted", "accepted", "target_forwards", "draft_forwards")}
-    run.update(overlap_sum=0.5, overlap_count=1, tree_rounds=0, tree_nodes_sum=0, tree_depth_sum=0,
-               predicted_tokens=2.0, predicted_seconds=1.0, measured_tokens=1, measured_seconds=2.0)
-    pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2]}, {**run, "chosen_k_histogram": [0, 1, 4]}])
-    assert pooled["chosen_k_histogram"] == [1, 3, 4]
-    assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
-
-
-def test_greedy_check_catches_a_different_output():
-    outputs = {
-        "ar": {"p": [1, 2, 3]},
-        "hf_plain": {"p": [1, 2, 3]},
-        "hf_assisted": {"p": [1, 5, 3]},
-        "hf_lookup": {"p": [1, 2]},
-    }
-    check = check_identical(outputs)
-    assert not check["identical"]
-    assert {(m["contender"], m["first_difference"]) for m in check["mismatches"]} == {
-        ("hf_assisted", 1),
-        ("hf_lookup", 2),
-    }
-
-
-def test_goal_entries_and_strict_json():
-    entries = goal_entries({"vs_hf_assisted": 1.3, "vs_hf_prompt_lookup": float("nan"), "not_a_goal": 2.0})
-    assert entries == {
-        "vs_hf_assisted": {"value": 1.3, "target": 1.2, "met": True},
-        "vs_hf_prompt_lookup": {"value": None, "target": 1.15, "met": None},
-    }
-    by_machine = goal_entries({"best_vs_target_only_geomean": 1.4, "block_vs_token_tokens_per_pass": 1.0},
-                              flags=["avx2", "avx512_bf16"], greedy=True)  # fmt: skip
-    assert by_machine["best_vs_target_only_geomean"] == {"value": 1.4, "target": 1.45, "met": False,
-                                                         "target_for": "avx512_bf16"}  # fmt: skip
-    assert by_machine["block_vs_token_tokens_per_pass"]["met"] and by_machine["block_vs_token_tokens_per_pass"]["target"] == 1.0
-    sampled = goal_entries({"best_vs_target_only_geomean": 1.4, "block_vs_token_tokens_per_pass": 1.0}, ["avx2"], False)
-    assert sampled["best_vs_target_only_geomean"]["met"] and sampled["best_vs_target_only_geomean"]["target"] == 1.30
-    assert not sampled["block_vs_token_tokens_per_pass"]["met"]  # sampled: block must gain 3%
-    assert strict_json({"a": [float("inf"), 1.0], "b": float("nan")}) == {"a": [None, 1.0], "b": None}
-    assert markdown_table(["x", "y"], [["a", 0.5], ["b", None]]).splitlines() == [
-        "| x | y |",
-        "|---|---|",
-        "| a | 0.500 |",
-        "| b | - |",
-    ]
-
-
-def test_interleaved_rotates_who_runs_first():
-    order = list(interleaved(["a", "b", "c"], ["p", "q"], repetitions=2))
-    assert len(order) == 12
-    firsts = [order[i][2] for i in range(0, 12, 3)]
-    assert firsts == ["a", "b", "c", "a"]
-
-
-def test_machine_records_cpu_features_and_bitsandbytes_path():
-    info = machine()
-    assert info["cpu"]["model"] and info["packages"]["torch"]
-    flags = info["cpu"]["flags"]
-    assert isinstance(flags, str) or {"avx512_bf16", "amx_bf16", "avx2"} <= set(flags)
-    bnb = info["bitsandbytes_cpu"]
-    if bnb["installed"]:  # bitsandbytes 0.50 registers the fused kernel exactly when the CPU has AVX512-BF16
-        assert bnb["fused_4bit_gemv"] == bnb["has_avx512bf16"]
-        assert bnb["4bit_path"] == ("fused gemv_4bit kernel" if bnb["has_avx512bf16"] else
-                                    "dequantize, then torch matmul (no fused kernel)")
-    fake = {
-        **info,
-        "cpu": {**info["cpu"], "flags": {"avx2": True, "avx512_bf16": False}},
-        "bitsandbytes_cpu": {"installed": True, "4bit_path": "dequantize, then torch matmul"},
-    }
-    assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
-    assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
-    assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
-
-
 @pytest.mark.exhaustive  # a bench process of its own; `make test-all`
 def test_gpu_batch_study_on_toy_shapes(tmp_path):
     """bench=gpu_batch's path on toy shapes: every contender at every size, ratios over target-only at the same
@@ -294,11 +202,3 @@ def test_gpu_batch_study_on_toy_shapes(tmp_path):
     assert "ratio to target-only" in (tmp_path / "bench.md").read_text()
 
 
-def test_cost_figures_time_a_draft_with_another_vocabulary():
-    """bench=cross: the target's ids are out of the draft's range; the draft step is timed on ids it has."""
-    from experiments.bench.figures import cost_figures
-    from specdec.runtime.tiny import tiny_model
-
-    target, draft = tiny_model("llama", vocab_size=64), tiny_model("llama", vocab_size=32)
-    figures = cost_figures(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
-    assert figures["draft_step_ms"] > 0 and figures["c"] > 0

@@ -167,3 +167,20 @@ def test_the_article_method_across_vocabularies_returns_the_draft_text(cross_pai
     in_target_tokens = target_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert out.tokens.tolist() == in_target_tokens[:6]  # the draft's text, cut to the budget in target tokens
     assert int(out.tokens.max()) < len(TARGET_VOCAB) and "article_log_likelihood" in out.stats.extras
+
+
+def test_a_string_drafter_in_a_batch_is_refused_with_its_own_message(cross_pair):
+    """A StringDrafter keeps per-sequence state (the draft's view of the text): a batch names that and the fix,
+    not a DraftSwitch's message."""
+    target, draft, target_tokenizer, draft_tokenizer = cross_pair
+    drafter = StringDrafter(draft, draft_tokenizer, target_tokenizer)
+    with pytest.raises(ValueError, match="StringDrafter cannot draft for a batch.*batch_size=1"):
+        speculative_generate(target, drafter, [[0, 1], [2, 3]], k=2, sampling=GREEDY, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("context_tokens", [0, -1, 1.5, True])
+def test_string_drafter_context_is_checked(cross_pair, context_tokens):
+    """context_tokens=0 used to mean the whole sequence, silently; now anything but an int >= 1 is refused."""
+    _, draft, target_tokenizer, draft_tokenizer = cross_pair
+    with pytest.raises(ValueError, match="context_tokens .* must be an int >= 1"):
+        StringDrafter(draft, draft_tokenizer, target_tokenizer, context_tokens=context_tokens)

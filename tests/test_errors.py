@@ -117,3 +117,32 @@ def test_layer_truncated_copy_bounds(target):
     assert len(layer_truncated_copy(target, 1).model.layers) == 1
     with pytest.raises(ValueError, match="n_layers"):
         layer_truncated_copy(target, 2)
+
+
+def test_k_max_is_refused_with_a_fixed_k(target):
+    """k_max bounds what k='auto' chooses; with a fixed k it would be silently ignored, so it is refused."""
+    with pytest.raises(ValueError, match="k_max=2 bounds the draft length k='auto' chooses; with k=3 leave it out"):
+        spec(target, torch.tensor([[1, 2]]), k_max=2)
+    with pytest.raises(ValueError, match="k_max .* must be an int >= 1, got 0"):
+        spec(target, torch.tensor([[1, 2]]), k="auto", k_max=0)
+
+
+def test_a_draft_switch_with_trees_and_k_auto_is_refused(target):
+    """tree_generate(k='auto') cannot switch drafts (the online choice prices chains): refused, not ignored."""
+    from specdec import DraftSwitch, NGramTreeDrafter, tree_generate
+
+    switch = DraftSwitch({"a": NGramTreeDrafter(), "b": NGramTreeDrafter(max_ngram=2)})
+    with pytest.raises(ValueError, match="k='auto' with a DraftSwitch chooses a chain draft for one sequence"):
+        tree_generate(target, switch, torch.tensor([[1, 2, 1, 2]]), k="auto")
+
+
+def test_a_given_cache_is_used_for_a_batch_too(target):
+    """cache= holds the batch's rows (it was silently ignored for several prompts): filled after the call, and
+    refused when it is not empty."""
+    from specdec.runtime.cached import CachedLM
+
+    cache = CachedLM(target)
+    out = spec(target, [[1, 2, 3], [4, 5]], cache=cache, max_new_tokens=3)
+    assert cache.rows == len(out) == 2 and cache.slots > 0
+    with pytest.raises(ValueError, match="cache must be an empty CachedLM"):
+        spec(target, [[1, 2, 3], [4, 5]], cache=cache)

@@ -7,6 +7,7 @@ at all, and fully; and the offline SmolLM2 pair on real prompts.
 
 import pytest
 import torch
+from fakes import GREEDY_PROMPT, hf_greedy
 
 from specdec import (
     GREEDY,
@@ -20,13 +21,8 @@ from specdec import (
 from specdec.choose.cost import Choice, FixedDraftLength
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
-PROMPT = torch.tensor([[0, 5, 3, 7, 5, 3]])
+PROMPT = GREEDY_PROMPT
 N_NEW = 30
-
-
-def hf_greedy(model, ids, n):
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, ids.shape[-1] :]
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)

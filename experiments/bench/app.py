@@ -26,9 +26,7 @@ load too.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,14 +41,17 @@ from omegaconf import DictConfig
 from specdec.draft.ngram import NGramDrafter
 from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
 from specdec.runtime.models import encode_prompt
+from specdec.sampling import Sampling
 
-from ..records import machine, peak_rss_mb, reset_peak_rss, write_result
+from ..records import machine, write_result
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError, check_renamed
+from ..run.settings import CONF_DIR, ConfigError, check_choice, check_int, check_renamed
+from .batch import batch_study
 from .figures import contender_figures, cost_figures
 from .goals import goal_entries
+from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import annotate_goals, check_identical, pairwise, ratios
 from .schedule import ForwardClock, Output, Run, interleaved, output_of
 from .table import bench_table
@@ -165,15 +166,7 @@ def run_bench(
     }
     if load is not None:
         result["load"] = load
-    if s.greedy:
-        outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
-        result["greedy_check"] = check_identical(outputs, reference=reference if reference in names else names[0])
-    else:
-        result["greedy_check"] = {
-            "identical": None,
-            "skipped": f"temperature {s.temperature} > 0: outputs are samples (each loop draws its own random "
-            "numbers), so equal outputs are not expected; exactness at T > 0 is what the chi-square tests check",
-        }
+    result["greedy_check"] = output_check(runs, s, reference)
     log("measuring the target's pass cost vs width")
     k = plan.k if isinstance(plan.k, int) else 4
     result["costs"] = cost_figures(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
@@ -189,90 +182,15 @@ def run_bench(
     return result
 
 
-GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
-
-
-def busy_loops(processes: int) -> list[subprocess.Popen]:
-    """Competing CPU work: `processes` Python busy loops (what a user's other program does to the machine)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-
-
-def stop(loops: list[subprocess.Popen]) -> None:
-    for p in loops:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
-    """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
-    `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
-    loops = busy_loops(processes)
-    started = time.perf_counter()
-    timer, lines, stopped = None, [], {}
-
-    def end_load() -> None:
-        stop(loops)
-        stopped["at"] = time.perf_counter() - started
-
-    try:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        for line in child.stdout:
-            lines.append(line)
-            if line.startswith(GENERATING):
-                timer = threading.Timer(seconds, end_load)
-                timer.start()
-        if child.wait() != 0:
-            raise RuntimeError(f"the load run of {name} failed (exit {child.returncode}): {' '.join(cmd)}")
-    finally:
-        if timer is not None:
-            timer.cancel()
-        if any(p.poll() is None for p in loops):
-            end_load()
-    result = json.loads(lines[-1])
-    result["load_stopped_s"] = stopped.get("at")  # seconds after the process started
-    return result
-
-
-def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
-                started: float) -> dict:  # fmt: skip
-    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
-    contender.run(ids[prompts[0].id], min(8, n), seed)
-    print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
-    rows, generating = [], time.perf_counter()
-    for prompt in prompts:
-        setup = contender.setup
-        out = setup.generate(contender.method, ids[prompt.id], n, seed)
-        stats = out.stats
-        rows.append({
-            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
-            "started_s": time.perf_counter() - generating - stats.seconds["total"],
-            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
-            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
-            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
-            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
-        })  # fmt: skip
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
-
-
-def memory_of(name: str, base: list[str], out: Path) -> dict:
-    """Peak RSS of a fresh process that builds only the contender `name` and runs it once on one prompt."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.memory_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'memory'}", "hydra.output_subdir=null"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def run_memory_of(contender: Contender, ids: torch.Tensor, n: int, seed: int) -> dict:
-    loaded = peak_rss_mb()
-    reset_peak_rss()  # restart the high-water mark after loading
-    after_load = peak_rss_mb()
-    contender.run(ids, n, seed)
-    return {"peak_rss_mb": peak_rss_mb(), "rss_after_loading_mb": after_load, "peak_while_loading_mb": loaded}
+def output_check(runs: dict[str, dict[str, list[Run]]], sampling: Sampling, reference: str) -> dict:
+    """Greedy: every contender's first output per prompt against the reference's; sampling: skipped, said why."""
+    names = list(runs)
+    if not sampling.greedy:
+        return {"identical": None,
+                "skipped": f"temperature {sampling.temperature} > 0: outputs are samples (each loop draws its own random "
+                "numbers), so equal outputs are not expected; exactness at T > 0 is what the chi-square tests check"}
+    outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
+    return check_identical(outputs, reference=reference if reference in names else names[0])
 
 
 def command_line() -> tuple[list[str], str]:
@@ -283,11 +201,34 @@ def command_line() -> tuple[list[str], str]:
     return base, "python -m experiments.bench " + " ".join(task)
 
 
+def check_bench(b: DictConfig) -> None:
+    """The bench group's own keys, before anything loads (a ConfigError names the key and what it takes)."""
+    names = [DEFAULT, *b.contenders]
+    check_int(b.repetitions, "bench.repetitions", 1)
+    check_int(b.pass_widths, "bench.pass_widths", 1)
+    check_choice(b.reference, tuple(names), "bench.reference")
+    study = b.get("batching")
+    if study:
+        for name in study.contenders:
+            check_choice(name, tuple(names), "bench.batching.contenders")
+        if not len(study.sizes):
+            raise ConfigError("bench.batching.sizes is empty: give batch sizes >= 1, e.g. [1, 2, 4, 8]")
+        for size in study.sizes:
+            check_int(size, "bench.batching.sizes", 1)
+        for key in ("baseline", "speculative"):
+            check_choice(study[key], tuple(study.contenders), f"bench.batching.{key}")
+    if b.load:
+        check_int(b.load.processes, "bench.load.processes", 1)
+        for name in b.load.contenders:
+            check_choice(name, tuple(names), "bench.load.contenders")
+
+
 def bench(cfg: DictConfig) -> dict:
     """The benchmark the bench group describes: the comparison, the scaling study, or one memory run."""
     base, command = command_line()
     out = Path(HydraConfig.get().runtime.output_dir)
     b = cfg.bench
+    check_bench(b)
     started = time.perf_counter()
     one = b.memory_of or b.load_of
     study = b.scaling or b.get("batching")
@@ -330,31 +271,6 @@ def bench(cfg: DictConfig) -> dict:
         result["memory"] = {name: memory_of(name, base, out) for name in result["contenders"]}
     result.update(machine=machine(default.plan.device), command=command)
     table = bench_table(result)
-    write_result(out, "bench", result, table)
-    print(table)
-    return result
-
-
-def batch_study(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
-    """bench=batch: throughput by batch size (experiments.bench.batch), with its goals."""
-    from .batch import batch_table, run_batching
-
-    b = cfg.bench
-    result = run_batching(contenders, [ids[p.id] for p in prompts], b.batching, max_new_tokens=cfg.max_new_tokens,
-                          seed=cfg.seed, repetitions=b.repetitions, log=lambda s: print(s, flush=True))  # fmt: skip
-    first = next(iter(contenders.values())).setup
-    env = machine(first.plan.device)
-    speculative = result["ratios"][b.batching.speculative]
-    result["batched_vs_target_only"] = speculative
-    result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
-                                    "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
-                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
-    result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
-                            "baseline": b.batching.baseline, "speculative": b.batching.speculative,
-                            "repetitions": b.repetitions,
-                            "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
-                  machine=env, command=command)  # fmt: skip
-    table = batch_table(result)
     write_result(out, "bench", result, table)
     print(table)
     return result

@@ -16,13 +16,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from specdec.metrics import Generation
 
-from ..records import markdown_table, peak_memory
+from ..records import machine, markdown_table, peak_memory, write_result
+from ..run.prompts import Prompt
+from .goals import goal_entries
 
 
 def groups_of(ids: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
@@ -146,3 +149,26 @@ def batch_table(result: dict) -> str:
     lines += [markdown_table(["contender", "B", "latency_s", "peak_rss_mb", "tokens/row-pass", "k mean", "agreement"],
                              rows, fmt="{:.2f}"), ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def batch_study(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=batch: throughput by batch size (experiments.bench.batch), with its goals."""
+    b = cfg.bench
+    result = run_batching(contenders, [ids[p.id] for p in prompts], b.batching, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, repetitions=b.repetitions, log=lambda s: print(s, flush=True))  # fmt: skip
+    first = next(iter(contenders.values())).setup
+    env = machine(first.plan.device)
+    speculative = result["ratios"][b.batching.speculative]
+    result["batched_vs_target_only"] = speculative
+    result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
+                                    "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
+                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
+    result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
+                            "baseline": b.batching.baseline, "speculative": b.batching.speculative,
+                            "repetitions": b.repetitions,
+                            "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
+                  machine=env, command=command)  # fmt: skip
+    table = batch_table(result)
+    write_result(out, "bench", result, table)
+    print(table)
+    return result

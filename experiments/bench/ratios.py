@@ -21,6 +21,33 @@ HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, 
 EQUAL_WIDTH = {"ngram": ("spec_ngram", "tree_ngram"), "model": (MODEL_CHAIN, "tree_model")}  # (chain, tree)
 
 
+class Figures:
+    """The contenders' tokens/s as the ratios read them: overall or per category, geometric means, the best of a
+    group (highest geometric mean over categories)."""
+
+    def __init__(self, contenders: dict):
+        self.c = contenders
+        self.categories = sorted(next(iter(contenders.values()))["by_category"]) if contenders else []
+
+    def tps(self, name: str, category: str | None = None) -> float:
+        if name not in self.c:
+            return float("nan")
+        figures = self.c[name]["by_category"].get(category) if category else self.c[name]["tokens_per_second"]
+        return figures["median"] if figures else float("nan")
+
+    def over_categories(self, ours: str, other: str) -> list[float]:
+        return [self.tps(ours, cat) / self.tps(other, cat) for cat in self.categories]
+
+    def category_geomean(self, name: str) -> float:  # tokens/s, geometric mean over categories
+        return geomean([self.tps(name, cat) for cat in self.categories])
+
+    def best(self, names: list[str]) -> str | None:
+        return max(names, key=self.category_geomean, default=None)
+
+    def group(self, owner: str, *drafts: str) -> list[str]:
+        return [n for n in self.c if self.c[n]["owner"] == owner and self.c[n]["drafts"] in drafts]
+
+
 def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     """The ratios (higher is better), the Thm 3.8 comparison, the goal ratios over categories, and
     the name of our best configuration (highest geometric mean over categories vs target-only).
@@ -28,107 +55,106 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     Also fills result["vs_target_only"] (every contender per category vs ar, geometric mean, worst),
     result["best"] (which contender each goal ratio used) and result["chain_vs_tree"], result["cost_model"].
     """
-    c = result["contenders"]
+    f = Figures(result["contenders"])
+    if "ar" in f.c:
+        result["vs_target_only"] = vs_target_only(f)
+    out = {ratio: f.tps(ours) / f.tps(hf) for ratio, (ours, hf) in HEADLINE.items()}
+    out.update(theory_ratios(f, result))
+    out["spec_ngram_vs_ar"] = f.tps("spec_ngram") / f.tps("ar")
+    out.update(rule_ratios(f))
+    out.update(other_ratios(f, result))
+    chosen, goals = goal_ratios(f)
+    out.update(goals)
+    result["best"] = chosen
+    result["chain_vs_tree"] = chain_vs_tree(result)
+    result["cost_model"] = cost_model_check(f.c)
+    return out, chosen["offline"]
+
+
+def vs_target_only(f: Figures) -> dict:
+    """Every contender per category over target-only (ar), their geometric mean and the worst category."""
+    return {
+        name: {"by_category": dict(zip(f.categories, f.over_categories(name, "ar"))),
+               "geomean": geomean(f.over_categories(name, "ar")), "min_category": min(f.over_categories(name, "ar"))}
+        for name in f.c
+        if name != "ar"
+    }  # fmt: skip
+
+
+def theory_ratios(f: Figures, result: dict) -> dict[str, float]:
+    """Our model chain against target-only, next to Thm 3.8 (with and without the measured pass cost)."""
+    c, cost = f.c, result["costs"]
     k = c[MODEL_CHAIN]["k"] if MODEL_CHAIN in c else result["settings"]["k"]
-
-    def tps(name: str, category: str | None = None) -> float:
-        if name not in c:
-            return float("nan")
-        figures = c[name]["by_category"].get(category) if category else c[name]["tokens_per_second"]
-        return figures["median"] if figures else float("nan")
-
-    categories = sorted(next(iter(c.values()))["by_category"]) if c else []
-
-    def over_categories(ours: str, other: str) -> list[float]:
-        return [tps(ours, cat) / tps(other, cat) for cat in categories]
-
-    def category_geomean(name: str) -> float:  # tokens/s, geometric mean over categories
-        return geomean([tps(name, cat) for cat in categories])
-
-    def best(names: list[str]) -> str | None:
-        return max(names, key=category_geomean, default=None)
-
-    def group(owner: str, *drafts: str) -> list[str]:
-        return [n for n in c if c[n]["owner"] == owner and c[n]["drafts"] in drafts]
-
-    if "ar" in c:
-        result["vs_target_only"] = {
-            name: {
-                "by_category": dict(zip(categories, over_categories(name, "ar"))),
-                "geomean": geomean(over_categories(name, "ar")),
-                "min_category": min(over_categories(name, "ar")),
-            }
-            for name in c
-            if name != "ar"
-        }
-    out = {ratio: tps(ours) / tps(hf) for ratio, (ours, hf) in HEADLINE.items()}
-    speedup = tps(MODEL_CHAIN) / tps("ar")
+    speedup = f.tps(MODEL_CHAIN) / f.tps("ar")
     alpha = (c.get(MODEL_CHAIN, {}).get("stats") or {}).get("alpha")
-    cost = result["costs"]
-    if alpha is not None and "ar" in c and isinstance(k, int) and c[MODEL_CHAIN]["drafts"] == "model":
-        theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
-        verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
-        refined = walltime_improvement(min(alpha, 1.0), cost["c"], k, verify_ratio)  # with the measured pass
-        decode = decode_rate(c[MODEL_CHAIN]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
-        out.update(
-            spec_model_vs_ar=speedup,
-            alpha=alpha,
-            c=cost["c"],
-            theory_speedup=theory,
-            efficiency_vs_theory=speedup / theory,
-            spec_model_vs_ar_decode_only=decode,
-            efficiency_vs_theory_decode_only=decode / theory,
-            theory_speedup_with_verify_cost=refined,
-            efficiency_vs_theory_with_verify_cost=speedup / refined,
-        )
-    out["spec_ngram_vs_ar"] = tps("spec_ngram") / tps("ar")
-    if "default_block" in c and MODEL_CHAIN in c:  # block against token-level verification, the same draft and k
-        per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in ("default_block", MODEL_CHAIN)]
-        out["block_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
-        out["block_vs_token_tokens_per_second"] = tps("default_block") / tps(MODEL_CHAIN)
-    if {TREE_SAMPLED, TREE_TRAVERSAL} <= set(c):  # traversal against the token-level tree rules, the same drafter
-        per_pass = [(c[name].get("stats") or {}).get("mean_accepted_length") for name in (TREE_TRAVERSAL, TREE_SAMPLED)]
-        out["traversal_vs_token_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
-        out["traversal_vs_token_tokens_per_second"] = tps(TREE_TRAVERSAL) / tps(TREE_SAMPLED)
-    ours_cross, hf_cross = [n for n in CROSS_OURS if n in c], [n for n in CROSS_HF if n in c]
-    if ours_cross and hf_cross and "ar" in c:  # bench=cross: a draft with another tokenizer, ours against HF's
-        out["cross_vocab_vs_hf_uag"] = category_geomean(best(ours_cross)) / category_geomean(best(hf_cross))
-        out["cross_vocab_vs_target_only"] = category_geomean(best(ours_cross)) / category_geomean("ar")
+    if alpha is None or "ar" not in c or not isinstance(k, int) or c[MODEL_CHAIN]["drafts"] != "model":
+        return {}
+    theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
+    verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
+    refined = walltime_improvement(min(alpha, 1.0), cost["c"], k, verify_ratio)  # with the measured pass
+    decode = decode_rate(c[MODEL_CHAIN]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
+    return {"spec_model_vs_ar": speedup, "alpha": alpha, "c": cost["c"], "theory_speedup": theory,
+            "efficiency_vs_theory": speedup / theory, "spec_model_vs_ar_decode_only": decode,
+            "efficiency_vs_theory_decode_only": decode / theory, "theory_speedup_with_verify_cost": refined,
+            "efficiency_vs_theory_with_verify_cost": speedup / refined}  # fmt: skip
+
+
+def rule_ratios(f: Figures) -> dict[str, float]:
+    """Block against token-level verification (the same draft and k); traversal against the token-level tree
+    rules (the same drafter): tokens per pass and tokens/s."""
+    out = {}
+    for prefix, better, plain in (("block_vs_token", "default_block", MODEL_CHAIN),
+                                  ("traversal_vs_token", TREE_TRAVERSAL, TREE_SAMPLED)):  # fmt: skip
+        if {better, plain} <= set(f.c):
+            per_pass = [(f.c[name].get("stats") or {}).get("mean_accepted_length") for name in (better, plain)]
+            out[f"{prefix}_tokens_per_pass"] = per_pass[0] / per_pass[1] if all(per_pass) else math.nan
+            out[f"{prefix}_tokens_per_second"] = f.tps(better) / f.tps(plain)
+    return out
+
+
+def other_ratios(f: Figures, result: dict) -> dict[str, float]:
+    """bench=cross (another tokenizer, ours against Hugging Face's), the load scenario, and our best drafter per
+    hard category."""
+    out = {}
+    ours_cross, hf_cross = [n for n in CROSS_OURS if n in f.c], [n for n in CROSS_HF if n in f.c]
+    if ours_cross and hf_cross and "ar" in f.c:
+        out["cross_vocab_vs_hf_uag"] = f.category_geomean(f.best(ours_cross)) / f.category_geomean(f.best(hf_cross))
+        out["cross_vocab_vs_target_only"] = f.category_geomean(f.best(ours_cross)) / f.category_geomean("ar")
     runs = (result.get("load") or {}).get("runs", {})
     if {"ar", "default"} <= set(runs):  # the load scenario: the same schedule of load for both
         out["default_under_load_vs_target_only"] = runs["default"]["tokens_per_second"] / runs["ar"]["tokens_per_second"]
-    speculating = group("ours", "model", "ngram", "hybrid")  # every offline configuration of ours
+    speculating = f.group("ours", "model", "ngram", "hybrid")  # every offline configuration of ours
     for category in ("summarization", "retrieval"):
-        rates = [r for r in (tps(name, category) for name in speculating) if not math.isnan(r)]
-        out[f"best_drafter_vs_ar_{category}"] = max(rates, default=float("nan")) / tps("ar", category)
-    # the goals of issue 9: per category, geometric mean over categories
+        rates = [r for r in (f.tps(name, category) for name in speculating) if not math.isnan(r)]
+        out[f"best_drafter_vs_ar_{category}"] = max(rates, default=float("nan")) / f.tps("ar", category)
+    return out
+
+
+def goal_ratios(f: Figures) -> tuple[dict, dict[str, float]]:
+    """The goal ratios, per category, geometric mean over categories; and which contender each used."""
     chosen = {
-        "offline": best(speculating),
-        "ngram": best(group("ours", "ngram")),
-        "model": best(group("ours", "model", "hybrid")),  # configurations that run the draft model
-        "hf_lookup_fixed_k": best([n for n in group("hf", "ngram") if n != "hf_lookup_default"]),
+        "offline": f.best(f.group("ours", "model", "ngram", "hybrid")),
+        "ngram": f.best(f.group("ours", "ngram")),
+        "model": f.best(f.group("ours", "model", "hybrid")),  # configurations that run the draft model
+        "hf_lookup_fixed_k": f.best([n for n in f.group("hf", "ngram") if n != "hf_lookup_default"]),
     }
+    out = {}
     best_name = chosen["offline"]
-    if "ar" in c and best_name:
-        out["best_vs_target_only_geomean"] = geomean(over_categories(best_name, "ar"))
-        out["best_vs_target_only_min_category"] = min(over_categories(best_name, "ar"))
+    if "ar" in f.c and best_name:
+        out["best_vs_target_only_geomean"] = geomean(f.over_categories(best_name, "ar"))
+        out["best_vs_target_only_min_category"] = min(f.over_categories(best_name, "ar"))
     ngram, model, hf_fixed = chosen["ngram"], chosen["model"], chosen["hf_lookup_fixed_k"]
-    out["vs_hf_prompt_lookup"] = geomean(over_categories(ngram, "hf_lookup_default")) if ngram else math.nan
-    out["vs_hf_prompt_lookup_best_fixed_k"] = (
-        geomean(over_categories(ngram, hf_fixed)) if ngram and hf_fixed else math.nan
-    )
-    out["vs_hf_prompt_lookup_same_k"] = geomean(over_categories("spec_ngram", "hf_lookup"))
+    out["vs_hf_prompt_lookup"] = geomean(f.over_categories(ngram, "hf_lookup_default")) if ngram else math.nan
+    out["vs_hf_prompt_lookup_best_fixed_k"] = geomean(f.over_categories(ngram, hf_fixed)) if ngram and hf_fixed else math.nan
+    out["vs_hf_prompt_lookup_same_k"] = geomean(f.over_categories("spec_ngram", "hf_lookup"))
     if hf_fixed:
-        chosen["hf_lookup_best_k"] = c[hf_fixed]["prompt_lookup"]
-    out["vs_hf_assisted_default"] = geomean(over_categories(model, "hf_assisted_default")) if model else math.nan
-    out["vs_hf_assisted_fixed_k"] = geomean(over_categories(model, "hf_assisted")) if model else math.nan
-    out["vs_hf_assisted_same_k"] = geomean(over_categories(MODEL_CHAIN, "hf_assisted"))
+        chosen["hf_lookup_best_k"] = f.c[hf_fixed]["prompt_lookup"]
+    out["vs_hf_assisted_default"] = geomean(f.over_categories(model, "hf_assisted_default")) if model else math.nan
+    out["vs_hf_assisted_fixed_k"] = geomean(f.over_categories(model, "hf_assisted")) if model else math.nan
+    out["vs_hf_assisted_same_k"] = geomean(f.over_categories(MODEL_CHAIN, "hf_assisted"))
     both = [out["vs_hf_assisted_default"], out["vs_hf_assisted_fixed_k"]]
     out["vs_hf_assisted"] = float("nan") if any(map(math.isnan, both)) else min(both)
-    result["best"] = chosen
-    result["chain_vs_tree"] = chain_vs_tree(result)
-    result["cost_model"] = cost_model_check(c)
-    return out, best_name
+    return chosen, out
 
 
 def annotate_goals(goals: dict, best: dict, k: int, contenders: dict) -> None:

@@ -16,8 +16,16 @@ def load_plain_share(run: dict) -> float | None:
 
 
 def bench_table(result: dict) -> str:
-    """bench.md: issue 9's goals, ratios to target-only per category, contenders, chain vs tree, pass cost
-    vs width, the cost model's prediction, the other ratios, the greedy check and the machine."""
+    """bench.md: the contenders, the goals, ratios to target-only per category, the contenders' figures, chain vs
+    tree, pass cost vs width, the cost model's prediction, the load scenario, the other ratios, the greedy check
+    and the costs."""
+    sections = (head_section, goals_section, vs_target_only_section, contenders_section, trees_section,
+                pass_cost_section, cost_model_section, load_section, ratios_section, check_section, costs_section)
+    lines = [line for section in sections for line in section(result)]
+    return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"
+
+
+def head_section(result: dict) -> list[str]:
     s = result["settings"]
     head = (
         f"model={s.get('model')}, k={s['k']}, k_max={s.get('k_max')}, temperature={s['temperature']}, "
@@ -33,25 +41,19 @@ def bench_table(result: dict) -> str:
         lines += ["", f"Draft calibration chose {result['calibration']['chosen']}: {result['calibration']['reason']}"]
     if "machine" in result:
         lines += ["", machine_sentence(result["machine"])]
+    return lines
+
+
+def goals_section(result: dict) -> list[str]:
     goals = result.get("goals", {})
-    lines += [
-        "",
-        markdown_table(
-            ["goal", "value", "target", "met", "ours", "against"],
-            [
-                [
-                    key,
-                    g["value"],
-                    f">= {g['target']}",
-                    {True: "met", False: "not met", None: "-"}[g["met"]],
-                    g.get("contender") or "",
-                    g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or []),
-                ]
-                for key, g in goals.items()
-                if key in ISSUE_9
-            ],
-        ),
-    ]
+    rows = [
+        [key, g["value"], f">= {g['target']}", {True: "met", False: "not met", None: "-"}[g["met"]],
+         g.get("contender") or "",
+         g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or [])]
+        for key, g in goals.items()
+        if key in ISSUE_9
+    ]  # fmt: skip
+    lines = ["", markdown_table(["goal", "value", "target", "met", "ours", "against"], rows)]
     lookup = goals.get("vs_hf_prompt_lookup", {})
     if lookup.get("hf_best_fixed_k") is not None:
         lines += [
@@ -60,155 +62,120 @@ def bench_table(result: dict) -> str:
             f"({lookup['hf_best_fixed_k_contender']}); ours ({lookup.get('contender')}) against it: "
             + cell(result["ratios"].get("vs_hf_prompt_lookup_best_fixed_k")),
         ]
-    categories = sorted(next(iter(result["contenders"].values()))["by_category"])
-    if "vs_target_only" in result:
-        lines += [
-            "",
-            "Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean and worst:",
-            "",
-            markdown_table(
-                ["contender", *categories, "geomean", "worst"],
-                [
-                    [name, *(v["by_category"][cat] for cat in categories), v["geomean"], v["min_category"]]
-                    for name, v in result["vs_target_only"].items()
-                ],
-                fmt="{:.2f}",
-            ),
-        ]
+    return lines
+
+
+def categories_of(result: dict) -> list[str]:
+    return sorted(next(iter(result["contenders"].values()))["by_category"])
+
+
+def vs_target_only_section(result: dict) -> list[str]:
+    if "vs_target_only" not in result:
+        return []
+    categories = categories_of(result)
+    rows = [[name, *(v["by_category"][cat] for cat in categories), v["geomean"], v["min_category"]]
+            for name, v in result["vs_target_only"].items()]  # fmt: skip
+    return ["", "Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean and worst:",
+            "", markdown_table(["contender", *categories, "geomean", "worst"], rows, fmt="{:.2f}")]  # fmt: skip
+
+
+def contenders_section(result: dict) -> list[str]:
     rows = []
     for name, f in result["contenders"].items():
         t, st = f["tokens_per_second"], f.get("stats") or {}
         rss = result.get("memory", {}).get(name, {}).get("peak_rss_mb")
-        rows.append(
-            [
-                name,
-                t["median"],
-                t["min"],
-                t["max"],
-                f"{100 * f['model_forward_share']:.0f}%",
-                " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values()),
-                cell(st.get("mean_accepted_length"), "{:.2f}"),
-                cell(st.get("alpha"), "{:.3f}"),
-                cell(rss, "{:.0f}"),
-            ]
-        )
-    lines += [
-        "",
-        markdown_table(
-            [
-                "contender",
-                "tok/s median",
-                "min",
-                "max",
-                "time in model forwards",
-                "target / draft forwards per token",
-                "tokens per target pass",
-                "alpha",
-                "peak RSS (MB)",
-            ],
-            rows,
-            fmt="{:.1f}",
-        ),
-        "",
-        markdown_table(
-            ["contender (tok/s)", *categories],
-            [
-                [name, *(f["by_category"][c]["median"] for c in categories)]
-                for name, f in result["contenders"].items()
-            ],
-            fmt="{:.1f}",
-        ),
-    ]
+        rows.append([name, t["median"], t["min"], t["max"], f"{100 * f['model_forward_share']:.0f}%",
+                     " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values()),
+                     cell(st.get("mean_accepted_length"), "{:.2f}"), cell(st.get("alpha"), "{:.3f}"),
+                     cell(rss, "{:.0f}")])  # fmt: skip
+    columns = ["contender", "tok/s median", "min", "max", "time in model forwards", "target / draft forwards per token",
+               "tokens per target pass", "alpha", "peak RSS (MB)"]  # fmt: skip
+    categories = categories_of(result)
+    by_category = [[name, *(f["by_category"][c]["median"] for c in categories)]
+                   for name, f in result["contenders"].items()]  # fmt: skip
+    return ["", markdown_table(columns, rows, fmt="{:.1f}"), "",
+            markdown_table(["contender (tok/s)", *categories], by_category, fmt="{:.1f}")]  # fmt: skip
+
+
+def trees_section(result: dict) -> list[str]:
     trees = result.get("chain_vs_tree") or {}
-    if trees:
-        lines += [
-            "",
-            "Chain vs tree at the same pass width:",
-            "",
-            markdown_table(
-                ["drafter", "pass width", "shape", "contender", "tokens per pass", "tok/s", "verify ms per pass"],
-                [
-                    [d, e["pass_width"], shape, e[shape]["contender"], e[shape]["tokens_per_pass"],
-                     e[shape]["tokens_per_second"], cell(e[shape]["verify_ms_per_pass"], "{:.1f}")]
-                    for d, e in trees.items()
-                    for shape in ("chain", "tree")
-                ],
-                fmt="{:.2f}",
-            ),
-        ]
+    if not trees:
+        return []
+    rows = [[d, e["pass_width"], shape, e[shape]["contender"], e[shape]["tokens_per_pass"],
+             e[shape]["tokens_per_second"], cell(e[shape]["verify_ms_per_pass"], "{:.1f}")]
+            for d, e in trees.items() for shape in ("chain", "tree")]  # fmt: skip
+    columns = ["drafter", "pass width", "shape", "contender", "tokens per pass", "tok/s", "verify ms per pass"]
+    return ["", "Chain vs tree at the same pass width:", "", markdown_table(columns, rows, fmt="{:.2f}")]
+
+
+def pass_cost_section(result: dict) -> list[str]:
     c = result["costs"]
-    if "pass_ms_by_width" in c:
-        widths = list(c["pass_ms_by_width"])
-        lines += [
-            "",
-            f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token context:",
-            "",
-            markdown_table(
-                ["width", *map(str, widths)],
-                [["ms", *c["pass_ms_by_width"].values()], ["/ one step", *c["pass_cost_by_width"].values()]],
-                fmt="{:.2f}",
-            ),
-        ]
-    if result.get("cost_model"):
-        lines += [
-            "",
-            'k="auto": the cost model\'s prediction over the rounds it predicted vs what they measured:',
-            "",
-            markdown_table(
-                ["contender", "predicted tok/s", "measured tok/s", "measured / predicted", "chosen k histogram"],
-                [
-                    [name, v["predicted_tokens_per_second"], v["measured_tokens_per_second"],
-                     v["measured_over_predicted"], str(v["chosen_k_histogram"])]
-                    for name, v in result["cost_model"].items()
-                ],
-                fmt="{:.2f}",
-            ),
-        ]
+    if "pass_ms_by_width" not in c:
+        return []
+    widths = list(c["pass_ms_by_width"])
+    rows = [["ms", *c["pass_ms_by_width"].values()], ["/ one step", *c["pass_cost_by_width"].values()]]
+    return ["", f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token context:", "",
+            markdown_table(["width", *map(str, widths)], rows, fmt="{:.2f}")]  # fmt: skip
+
+
+def cost_model_section(result: dict) -> list[str]:
+    if not result.get("cost_model"):
+        return []
+    rows = [[name, v["predicted_tokens_per_second"], v["measured_tokens_per_second"], v["measured_over_predicted"],
+             str(v["chosen_k_histogram"])] for name, v in result["cost_model"].items()]  # fmt: skip
+    columns = ["contender", "predicted tok/s", "measured tok/s", "measured / predicted", "chosen k histogram"]
+    return ["", 'k="auto": the cost model\'s prediction over the rounds it predicted vs what they measured:', "",
+            markdown_table(columns, rows, fmt="{:.2f}")]
+
+
+def load_section(result: dict) -> list[str]:
+    if not result.get("load"):
+        return []
+    load = result["load"]
+    rows = [[name, r["tokens"], r["seconds"], r["tokens_per_second"], r["generation_started_s"], r["load_stopped_s"],
+             load_plain_share(r)] for name, r in load["runs"].items()]  # fmt: skip
+    columns = ["contender", "tokens", "seconds", "tokens/s", "generation started (s)", "load stopped (s)", "plain steps"]
+    return ["", (f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
+                 f"auto and calibration included) until {load['seconds']} s into its generation; one fresh "
+                 "process per contender, every prompt once:"), "", markdown_table(columns, rows)]  # fmt: skip
+
+
+def goal_target(goals: dict, key: str) -> str:
+    goal = goals.get(key)
+    if goal is None:
+        return ""
+    relation = "= " if goal.get("target_for") == "greedy" else ">= "
+    return relation + f"{goal['target']}" + (f" ({goal['target_for']})" if goal.get("target_for") else "")
+
+
+def goal_met(goals: dict, key: str) -> str:
+    flag = goals.get(key, {}).get("met")
+    return "" if flag is None else "yes" if flag else "no"
+
+
+def ratios_section(result: dict) -> list[str]:
     goals = result.get("goals", {})
-
-    def target(key: str) -> str:
-        goal = goals.get(key)
-        if goal is None:
-            return ""
-        relation = "= " if goal.get("target_for") == "greedy" else ">= "
-        return relation + f"{goal['target']}" + (f" ({goal['target_for']})" if goal.get("target_for") else "")
-
-    def met(key: str) -> str:
-        flag = goals.get(key, {}).get("met")
-        return "" if flag is None else "yes" if flag else "no"
-
-    ratio_rows = [[key, value, target(key), met(key)] for key, value in result["ratios"].items()]
-    if result.get("load"):
-        load = result["load"]
-        lines += ["", (f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
-                       f"auto and calibration included) until {load['seconds']} s into its generation; one fresh "
-                       "process per contender, every prompt once:"), "",
-                  markdown_table(["contender", "tokens", "seconds", "tokens/s", "generation started (s)",
-                                  "load stopped (s)", "plain steps"],
-                                 [[name, r["tokens"], r["seconds"], r["tokens_per_second"], r["generation_started_s"],
-                                   r["load_stopped_s"], load_plain_share(r)] for name, r in load["runs"].items()])]  # fmt: skip
+    lines = []
     if result.get("pairwise"):
         lines += ["", "Pairwise (median tokens/s, ours over theirs):", "",
                   markdown_table(["ratio", "value"], [[k, v] for k, v in result["pairwise"].items()])]  # fmt: skip
-    lines += [
-        "",
-        f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",
-        "",
-        markdown_table(["ratio", "value", "target", "met"], ratio_rows),
-    ]
+    rows = [[key, value, goal_target(goals, key), goal_met(goals, key)] for key, value in result["ratios"].items()]
+    return lines + ["", f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",
+                    "", markdown_table(["ratio", "value", "target", "met"], rows)]  # fmt: skip
+
+
+def check_section(result: dict) -> list[str]:
     check = result.get("greedy_check")
     if check and check.get("skipped"):
-        lines += ["", f"Output check skipped: {check['skipped']}"]
-    elif check:
-        lines += [
-            "",
-            f"Greedy outputs identical across contenders: {check['identical']}"
-            + ("" if check["identical"] else f" (mismatches: {check['mismatches']})"),
-        ]
-    lines += [
-        "",
-        f"Costs at a {c['context_tokens']}-token context: target step {c['target_step_ms']:.1f} ms, "
-        f"draft step {c['draft_step_ms']:.1f} ms (c = {c['c']:.3f}); target pass over k+1 tokens: "
-        + ", ".join(f"k={kk}: {ms:.1f} ms" for kk, ms in c["target_verify_ms_by_k"].items()),
-    ]
-    return "\n".join(lines) + "\n"
+        return ["", f"Output check skipped: {check['skipped']}"]
+    if check:
+        return ["", f"Greedy outputs identical across contenders: {check['identical']}"
+                + ("" if check["identical"] else f" (mismatches: {check['mismatches']})")]  # fmt: skip
+    return []
+
+
+def costs_section(result: dict) -> list[str]:
+    c = result["costs"]
+    return ["", f"Costs at a {c['context_tokens']}-token context: target step {c['target_step_ms']:.1f} ms, "
+            f"draft step {c['draft_step_ms']:.1f} ms (c = {c['c']:.3f}); target pass over k+1 tokens: "
+            + ", ".join(f"k={kk}: {ms:.1f} ms" for kk, ms in c["target_verify_ms_by_k"].items())]  # fmt: skip

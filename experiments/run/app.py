@@ -39,8 +39,9 @@ from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
+from .rounds import mean
 from .settings import CONF_DIR, ConfigError, Plan, check_renamed, plan_of
-from .summary import mean, method_table, naive_sentence, run_metrics, write_summary
+from .summary import method_table, naive_sentence, run_metrics, write_summary
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures

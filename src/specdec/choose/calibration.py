@@ -45,7 +45,7 @@ from ..runtime.cached import CachedLM, logits_width
 from ..runtime.timing import pass_tokens, stopwatch, timed_step
 from ..sampling import GREEDY, Sampling
 from ..theory import expected_tokens_per_pass, optimal_k, walltime_improvement
-from .cost import interpolated
+from .timings import interpolated
 
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
 UNSTEADY = 0.5  # Timings.spread above which the calibration says its timings are unsteady

@@ -1,0 +1,107 @@
+"""Contenders in fresh processes: the load scenario (a contender under competing busy loops, its start-up
+included) and each contender's peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..records import peak_rss_mb, reset_peak_rss
+from ..run.prompts import Prompt
+
+if TYPE_CHECKING:
+    from .app import Contender
+
+
+GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
+
+
+def busy_loops(processes: int) -> list[subprocess.Popen]:
+    """Competing CPU work: `processes` Python busy loops (what a user's other program does to the machine)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+
+
+def stop(loops: list[subprocess.Popen]) -> None:
+    for p in loops:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
+    """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
+    `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
+    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
+           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
+    loops = busy_loops(processes)
+    started = time.perf_counter()
+    timer, lines, stopped = None, [], {}
+
+    def end_load() -> None:
+        stop(loops)
+        stopped["at"] = time.perf_counter() - started
+
+    try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith(GENERATING):
+                timer = threading.Timer(seconds, end_load)
+                timer.start()
+        if child.wait() != 0:
+            raise RuntimeError(f"the load run of {name} failed (exit {child.returncode}): {' '.join(cmd)}")
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if any(p.poll() is None for p in loops):
+            end_load()
+    result = json.loads(lines[-1])
+    result["load_stopped_s"] = stopped.get("at")  # seconds after the process started
+    return result
+
+
+def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
+                started: float) -> dict:  # fmt: skip
+    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
+    contender.run(ids[prompts[0].id], min(8, n), seed)
+    print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
+    rows, generating = [], time.perf_counter()
+    for prompt in prompts:
+        setup = contender.setup
+        out = setup.generate(contender.method, ids[prompt.id], n, seed)
+        stats = out.stats
+        rows.append({
+            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
+            "started_s": time.perf_counter() - generating - stats.seconds["total"],
+            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
+            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
+            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
+        })  # fmt: skip
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
+
+
+def memory_of(name: str, base: list[str], out: Path) -> dict:
+    """Peak RSS of a fresh process that builds only the contender `name` and runs it once on one prompt."""
+    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.memory_of={name}", "bench.memory=false",
+           f"hydra.run.dir={out / 'memory'}", "hydra.output_subdir=null"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_memory_of(contender: Contender, ids: torch.Tensor, n: int, seed: int) -> dict:
+    loaded = peak_rss_mb()
+    reset_peak_rss()  # restart the high-water mark after loading
+    after_load = peak_rss_mb()
+    contender.run(ids, n, seed)
+    return {"peak_rss_mb": peak_rss_mb(), "rss_after_loading_mb": after_load, "peak_while_loading_mb": loaded}

@@ -1,0 +1,100 @@
+"""Cache layers: every layer keeps every state in a buffer grown by doubling (sliding windows become masks), and the
+attention types of a model with their windows.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A cache layer that appends in place into a buffer grown by doubling.
+
+    DynamicLayer concatenates, copying the whole cache at every forward (O(L) per step); here a step copies only
+    its new tokens. keys/values are views of the buffer's first positions, so a crop is a slice.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.key_buffer = self.value_buffer = None  # (B, H, capacity, D)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if self.key_buffer is None or end > self.key_buffer.shape[-2]:
+            self.key_buffer = grown(self.key_buffer, key_states, length, end)
+            self.value_buffer = grown(self.value_buffer, value_states, length, end)
+        self.key_buffer[..., length:end, :] = key_states
+        self.value_buffer[..., length:end, :] = value_states
+        self.keys = self.key_buffer[..., :end, :]  # (B, H, end, D) views
+        self.values = self.value_buffer[..., :end, :]
+        return self.keys, self.values
+
+    def held(self) -> bool:
+        return self.is_initialized and self.keys is not None
+
+    def keep_slots(self, end: int) -> None:
+        """Keep the first `end` slots (a crop)."""
+        if self.held():
+            self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+
+    def compact(self, start: int, kept: torch.Tensor) -> None:
+        """Keep slots [0, start) and start + kept, in that order; kept (j,) indexes the last slots."""
+        if self.held():
+            end = start + kept.numel()
+            self.key_buffer[..., start:end, :] = self.key_buffer[..., start + kept, :]  # gather copies first
+            self.value_buffer[..., start:end, :] = self.value_buffer[..., start + kept, :]
+            self.keep_slots(end)
+
+    def gather(self, index: torch.Tensor) -> None:
+        """Keep the slots `index` (B, S') of every row, in that order."""
+        if self.held():
+            expanded = index[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[-1])
+            self.take(self.keys.gather(2, expanded), self.values.gather(2, expanded))
+
+    def rows(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (R,), in that order."""
+        if self.held():
+            self.take(self.keys.index_select(0, index), self.values.index_select(0, index))
+
+    def take(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = keys, values
+        self.keys, self.values = keys, values
+
+
+def grown(buffer: torch.Tensor | None, new: torch.Tensor, length: int, needed: int) -> torch.Tensor:
+    """A buffer with room for at least 2 * needed positions holding the first `length` of the old one."""
+    shape = (*new.shape[:-2], max(2 * needed, 64), new.shape[-1])
+    fresh = new.new_empty(shape)
+    if buffer is not None and length:
+        fresh[..., :length, :] = buffer[..., :length, :]
+    return fresh
+
+
+def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
+    """Attention type -> its sliding window (None: full attention), as the model's own cache would build it."""
+    kinds: dict[str, int | None] = {}
+    for layer in DynamicCache(config=model.config).layers:
+        if type(layer) is DynamicSlidingWindowLayer:
+            kinds["sliding_attention"] = layer.sliding_window
+        elif type(layer) is DynamicLayer:
+            kinds["full_attention"] = None
+        else:
+            raise NotImplementedError(
+                f"cache layer {type(layer).__name__} is not supported: specdec caches models whose layers are "
+                "full-attention or sliding-window dynamic layers (Llama, Gemma 1-3, Mistral, Mixtral, Qwen2, GPT-NeoX)"
+            )
+    return kinds
+
+
+def full_cache(model: PreTrainedModel) -> DynamicCache:
+    """A dynamic cache whose every layer keeps all states in a GrowingLayer (sliding windows are masks)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
