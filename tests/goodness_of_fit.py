@@ -188,3 +188,11 @@ def first_round_tokens(
             outcomes = verify(lambda n, xs=xs: dist(target, xs[:n]), lambda n, xs=xs: dist(draft, xs[:n]), xs)
             expected += drafted * sum(w * len(tokens) for tokens, w in outcomes)
     return expected
+
+
+def in_make_test(cases: list, keep: tuple[str, ...]) -> list:
+    """The cases with ids in `keep` run in `make test`; the others are marked `exhaustive` (`make test-all`)."""
+    import pytest
+
+    return [c if c.id in keep else pytest.param(*c.values, id=c.id, marks=(*c.marks, pytest.mark.exhaustive))
+            for c in cases]  # fmt: skip

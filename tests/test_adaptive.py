@@ -10,6 +10,7 @@ increments (its own seed, independent of the sampling) makes the chosen k vary f
 import pytest
 import torch
 from fakes import RandomClock, chain_round, log_target_passes
+from goodness_of_fit import in_make_test
 from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
 from test_greedy import hf_greedy
 
@@ -48,7 +49,7 @@ SAMPLINGS = [
 ]
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("sampling", in_make_test(SAMPLINGS, ("T1", "top_k3")))
 def test_auto_with_model_drafter_matches_target_distribution(small_vocab_pair, sampling):
     """One cost model shared by all samples, so later samples run on estimates, not on the warm-up."""
     target, draft = small_vocab_pair
@@ -68,7 +69,7 @@ def test_auto_with_model_drafter_matches_target_distribution(small_vocab_pair, s
     assert {0, 1} <= set(chosen)  # plain steps and drafts were both exercised
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("sampling", in_make_test(SAMPLINGS, ("T0.5", "top_p0.8")))
 def test_auto_with_ngram_drafter_matches_target_distribution(small_vocab_pair, sampling):
     target, _ = small_vocab_pair
     rule = CostModel(k_max=4, draft_cost="per_call", clock=RandomClock())

@@ -97,6 +97,7 @@ def test_memory_of_each_contender_in_its_own_process(tmp_path):
         assert memory["peak_rss_mb"] >= memory["rss_after_loading_mb"] > 0
 
 
+@pytest.mark.exhaustive  # two fresh processes under busy loops: `make test-all`
 def test_load_runs_each_in_its_own_process(tmp_path):
     """The load scenario: target-only and the default each in a fresh process under a busy loop that stops 1 s
     into their generation; their ratio is a goal."""
@@ -154,6 +155,7 @@ def test_goal_keys_name_their_contenders(bench_result):
     assert "efficiency_vs_theory" in bench_result["ratios"] and "efficiency_vs_theory" not in GOALS  # reported, retired
 
 
+@pytest.mark.exhaustive  # a bench process of its own; test_gpu_batch_study_on_toy_shapes runs in `make test`
 def test_gpu_bench_config_on_toy_shapes(tmp_path):
     """bench=gpu's whole path on toy shapes on the CPU, so a GPU session does not spend device time on a bug;
     at temperature 1 the greedy check is skipped and says so."""

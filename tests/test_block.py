@@ -12,6 +12,7 @@ from goodness_of_fit import (
     block_round,
     chi_square_pvalue,
     first_round_tokens,
+    in_make_test,
     power,
     rule_distribution,
     sample_counts,
@@ -52,8 +53,7 @@ def test_block_verification_is_exact(small_vocab_pair, sampling, k):
     torch.testing.assert_close(enumerated, exact, atol=1e-6, rtol=0)
 
 
-SAMPLED = [c if c.id in ("T1-k2", "top_p0.8-k2") else pytest.param(*c.values, id=c.id, marks=pytest.mark.exhaustive)
-           for c in CASES]  # fmt: skip
+SAMPLED = in_make_test(CASES, ("T1-k2", "top_p0.8-k2"))
 
 
 @pytest.mark.parametrize("sampling, k", SAMPLED)

@@ -181,6 +181,7 @@ def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch, mak
     assert json.loads((tmp_path / "summary.json").read_text())["prompts_done"] == 1
 
 
+@pytest.mark.exhaustive  # two processes; run_experiment and report run in-process in `make test`
 def test_cli_sweep_and_report(tmp_path: Path) -> None:
     """`python -m experiments.run -m k=2,auto ...` then `python -m experiments.report <sweep folder>`."""
     sweep = tmp_path / "sweep"

@@ -58,7 +58,8 @@ def colours(smollm2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantization", ["int8", "nf4", "fp4"])
+@pytest.mark.parametrize("quantization", ["nf4", pytest.param("int8", marks=pytest.mark.exhaustive),
+                                          pytest.param("fp4", marks=pytest.mark.exhaustive)])
 def test_quantized_copy_is_a_usable_draft(smollm2, colours, quantization):
     target, _, _ = smollm2
     ids, reference = colours

@@ -8,6 +8,7 @@ simulated burst of load multiplies for one of them.
 
 import pytest
 import torch
+from goodness_of_fit import in_make_test
 from test_adaptive import NGRAM_PROMPT, SAMPLINGS, RandomClock, counts_of
 from test_exactness import N_TOKENS, PROMPT, chi_square_pvalue
 from test_greedy import hf_greedy
@@ -29,7 +30,7 @@ def candidates(target, draft):
     return {"model": ModelDrafter(draft), "copy": ModelDrafter(perturbed_copy(target, 0.3)), "ngram": NGramDrafter()}
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("sampling", in_make_test(SAMPLINGS, ("T1",)))
 def test_online_choice_matches_target_distribution(small_vocab_pair, sampling):
     """One rule shared by all samples, a clock with random increments: drafts, lengths and plain steps all vary
     from round to round, and the output still has the target's distribution (and not the draft's)."""
@@ -209,6 +210,7 @@ def test_thread_count_follows_the_load():
     assert 1 in first_loaded[:12]
 
 
+@pytest.mark.exhaustive  # `make test-all`; test_thread_count_follows_the_load runs the thread choice in `make test`
 def test_thread_choice_keeps_the_target_distribution(small_vocab_pair):
     """Thread counts that change from round to round (random clock, frequent probes): still the target's law."""
     target, draft = small_vocab_pair

@@ -5,7 +5,9 @@ dynamic int8 copy reading the target's cache (k=4, k=auto, block verification at
 (depth 3, 4 nodes), the n-gram trie at k=auto, and the article's method; each on single prompts (batch 1) and on
 the same prompts as one batch of 4. Prints one JSON line: per method, per prompt (or batch), tokens and seconds.
 
-    PYTHONPATH=<checkout>/src python docs/results/one_shape/ab_bench.py <prompts.jsonl> <max_new_tokens>
+    PYTHONPATH=<checkout>/src python docs/results/one_shape/ab_bench.py <prompts.jsonl> <max_new_tokens> [batch4]
+
+With a third argument `batch4`, only the batch of 4 runs (three times; more repetitions of the noisier part).
 """
 
 import json
@@ -70,16 +72,19 @@ def tokens_of(out, batch):
 first = next(iter(prompts.values()))
 for fn in METHODS.values():  # warm-up
     fn(first[:, :16])
+ONLY_BATCH = sys.argv[3:] == ["batch4"]
 out = {"specdec": specdec.__file__, "batch1": {m: {} for m in METHODS}, "batch4": {}}
-for pid, ids in prompts.items():
+for pid, ids in ({} if ONLY_BATCH else prompts).items():
     for name, fn in METHODS.items():  # interleaved per prompt
         start = time.perf_counter()
         g = fn(ids)
         out["batch1"][name][pid] = {"tokens": tokens_of(g, False), "seconds": time.perf_counter() - start}
 batch = [ids[0] for ids in prompts.values()]
-for name in BATCHED:
-    start = time.perf_counter()
-    g = METHODS[name](batch)
-    out["batch4"][name] = {"tokens": tokens_of(g, True), "seconds": time.perf_counter() - start,
-                           "emitted": int(g.stats.emitted)}
+for repeat in range(3 if ONLY_BATCH else 1):
+    for name in BATCHED:
+        start = time.perf_counter()
+        g = METHODS[name](batch)
+        seconds = time.perf_counter() - start
+        if seconds < out["batch4"].get(name, {}).get("seconds", float("inf")):  # the fastest of the repeats
+            out["batch4"][name] = {"tokens": tokens_of(g, True), "seconds": seconds, "emitted": int(g.stats.emitted)}
 print(json.dumps(out))

@@ -1,7 +1,8 @@
-"""ab.jsonl -> the before/after tables: greedy outputs identical, tokens/s after over before (median over the
-repetitions), at batch 1 (per method, all prompts) and at batch 4 (one batch of the same prompts).
+"""ab.jsonl (or ab_batch4.jsonl) -> the before/after tables: greedy outputs identical, tokens/s after over before
+(median over the processes), at batch 1 (per method, all prompts) and at batch 4 (one batch of the same prompts).
 
     python docs/results/one_shape/analyze.py docs/results/one_shape/ab.jsonl
+    python docs/results/one_shape/analyze.py docs/results/one_shape/ab_batch4.jsonl
 """
 
 import json
@@ -38,8 +39,9 @@ def tokens_of(entry: dict):
 
 
 runs = [json.loads(line) for line in open(sys.argv[1])]
-print("Batch 1 (each prompt alone, tokens/s over all prompts):\n")
-print("\n".join(table(runs, "batch1")))
-print("\nBatch 4 (the same prompts as one batch, tokens/s over all rows):\n")
+if any(runs[0]["batch1"].values()):
+    print("Batch 1 (each prompt alone, tokens/s over all prompts):\n")
+    print("\n".join(table(runs, "batch1")) + "\n")
+print("Batch 4 (the same prompts as one batch, tokens/s over all rows):\n")
 print("\n".join(table(runs, "batch4")))
 print("\nLoad average at the end of each process:", [(r["tree"], r["rep"], r["load"][0]) for r in runs])
