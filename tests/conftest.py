@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.runtime.tiny import tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
+GREEDY_TOKENS = 30  # new tokens of the greedy equality checks (arch_case)
 HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
 
 
@@ -112,3 +113,14 @@ def make_cfg():
             return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
     return compose_config
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch_case(request):
+    """(architecture, tiny target, a draft that agrees in part, the target's greedy output after GREEDY_PROMPT)."""
+    from fakes import GREEDY_PROMPT, hf_greedy
+
+    from specdec.runtime.tiny import perturbed_copy
+
+    target = tiny_model(request.param, seed=0, scale=20.0)
+    return request.param, target, perturbed_copy(target, 0.15), hf_greedy(target, GREEDY_PROMPT, GREEDY_TOKENS)

@@ -80,7 +80,7 @@ def joint_first_tokens(run, target, draft, n=N_SAMPLES, vocab=5):
     return counts, (p[:, None] * p[None, :]).flatten()
 
 
-@pytest.mark.exhaustive  # `make test-all`; notebook 01 section 12 runs the same check in `make test`
+@pytest.mark.exhaustive  # `make test-all`, as notebook 01 section 12
 def test_one_draw_shared_by_all_rows_is_caught_and_per_row_draws_are_not(small_vocab_pair):
     """Shared uniforms keep each row's marginal exact but couple the rows: two rows with one prompt then
     disagree with independent target samples; the token-level rule's own per-row draws do not."""

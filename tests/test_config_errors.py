@@ -104,6 +104,7 @@ def test_renamed_keys_name_the_new_key(make_cfg) -> None:
     assert make_cfg("model.reads_target_cache=false").model.draft.candidates.bfloat16.reads_target_cache is False
 
 
+@pytest.mark.exhaustive  # a process of its own; test_renamed_keys_name_the_new_key runs in `make test`
 def test_a_renamed_key_fails_the_run_before_hydra(tmp_path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "experiments.run", "model.draft.fused_4bit=false", "logger=none"],
@@ -134,6 +135,7 @@ def test_unknown_category_lists_the_choices(make_cfg) -> None:
         load_prompts(make_cfg("dataset.categories=[poetry]").dataset)
 
 
+@pytest.mark.exhaustive  # a process of its own: `make test-all`
 def test_hub_dataset_offline_says_what_to_do() -> None:
     """Without the Hub, a hub dataset fails at once with the offline alternatives in the message."""
     code = (

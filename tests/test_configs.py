@@ -85,6 +85,7 @@ def test_article_table_matches_the_article(make_cfg) -> None:
     assert cfg.dataset.chat is False
 
 
+@pytest.mark.exhaustive  # a process of its own; the docs test composes every README command in `make test`
 def test_readme_command_composes() -> None:
     """`python -m experiments.run model=gemma2 k=4 --cfg job`, exactly as documented."""
     out = subprocess.run(

@@ -204,6 +204,7 @@ def test_cli_sweep_and_report(tmp_path: Path) -> None:
     assert scheduled["schedule"].tolist() == ["k=auto"] and scheduled["chosen_k_mean"].notna().all()
 
 
+@pytest.mark.exhaustive  # a batched run of its own; tests/test_batch.py checks the batched loop in `make test`
 def test_batched_run_groups_prompts_and_reports_throughput(tmp_path: Path, make_cfg) -> None:
     """batch_size=2: both prompts in one batch for every method; greedy rows equal target-only's; throughput is
     every row's tokens over the batch's wall time, and each row keeps its own latency."""

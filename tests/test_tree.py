@@ -28,7 +28,7 @@ from specdec.draft.proposal import RowProposals
 from specdec.draft.tree import check_tree
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.runtime.tiny import perturbed_copy, tiny_model
 from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID
 
 PROMPT = GREEDY_PROMPT
@@ -48,12 +48,6 @@ def hand_tree(tokens, parents, vocab=32, mode=DETERMINISTIC):
 
 
 # ---------------------------------------------------------------- greedy equality
-
-
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def arch_case(request):
-    target = tiny_model(request.param, seed=0, scale=20.0)
-    return request.param, target, perturbed_copy(target, 0.15), hf_greedy(target, PROMPT, N_NEW)
 
 
 DRAFTERS = {

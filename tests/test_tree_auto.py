@@ -25,19 +25,13 @@ from specdec import (
 )
 from specdec.choose.tree_cost import TreeCostModel
 from specdec.exact import sequence_distribution
-from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.runtime.tiny import perturbed_copy, tiny_model
 
 PROMPT = GREEDY_PROMPT
 N_NEW = 30
 
 
 # ---------------------------------------------------------------- greedy equality
-
-
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def arch_case(request):
-    target = tiny_model(request.param, seed=0, scale=20.0)
-    return request.param, target, perturbed_copy(target, 0.15), hf_greedy(target, PROMPT, N_NEW)
 
 
 AUTO_DRAFTERS = {

@@ -11,11 +11,4 @@ run() {  # run <tree> <rep> <output> [batch4]
 : > ab.jsonl
 for rep in 1 2; do for tree in before after; do run $tree $rep ab.jsonl; done; done
 : > ab_batch4.jsonl
-for rep in 1 2 3; do for tree in before after; do run $tree $rep ab_batch4.jsonl batch4; done; done
-: > overhead.jsonl
-for rep in 1 2; do
-  for tree in before after; do
-    src=$([ "$tree" = before ] && echo "${BEFORE:?}" || echo "${AFTER:?}")/src
-    PYTHONPATH=$src ${PYTHON:-python} overhead.py prompts.jsonl 2>/dev/null | python3 -c "import json,sys; d=json.load(sys.stdin); d['tree']='$tree'; d['rep']=$rep; print(json.dumps(d))" >> overhead.jsonl
-  done
-done
+for rep in 1 2; do for tree in before after; do run $tree $rep ab_batch4.jsonl batch4; done; done
