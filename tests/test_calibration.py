@@ -253,3 +253,15 @@ def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(t
     assert isinstance(single, OnlineDraftChoice) and single.switch is switch
     assert online_rule(plan_of(make_cfg("k=4")), pair) is None  # a fixed k drafts with the calibrated default
     assert switch.selected == cal.chosen
+
+
+def test_timings_time_a_lookup_candidate_through_the_drafter_protocol():
+    """A lookup candidate is timed by its own propose call (one row), next to a draft model's step."""
+    from specdec import ModelDrafter, NGramDrafter
+    from specdec.choose.calibration import measure_timings
+    from specdec.runtime.tiny import tiny_model
+
+    target = tiny_model("llama", seed=0)
+    timings = measure_timings(target, {"copy": ModelDrafter(target), "ngram": NGramDrafter()}, PROMPT, k_max=4,
+                              repeats=1)  # fmt: skip
+    assert set(timings.draft_ms) == {"copy", "ngram"} and all(ms > 0 for ms in timings.draft_ms.values())

@@ -101,8 +101,8 @@ def measure_timings(
             lm.forward(prefix, last_only=True)
             jobs[name] = timed_step(lm, prefix[:, -1:])
         else:
-            d.start(prefix)
-            jobs[name] = (partial(d.propose, prefix, k_max, GREEDY, logits_width(target), None), lambda: None)
+            d.start([prefix])  # a lookup: one row
+            jobs[name] = (partial(d.propose, [prefix], k_max, GREEDY, logits_width(target), None), lambda: None)
     samples: dict[object, list[float]] = {key: [] for key in jobs}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
         for key, (run, undo) in jobs.items():

@@ -2,15 +2,16 @@
 
 Notation of Leviathan et al.: p target distribution, q draft distribution, k = gamma draft tokens.
 Each round: the drafter proposes x_1..x_k ~ q (a `Draft`); one target pass scores them, giving
-p_1..p_{k+1} (`verify`); x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+p_1..p_{k+1}; x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first
 rejection a token is drawn from norm(max(0, p_i - q_i)) (`residual`); if all k are accepted a bonus
 token is drawn from p_{k+1} (`accept`). The emitted sequence has exactly the target's distribution.
 
-The loop that runs these steps, for chains and token trees alike, is specdec.decoding.decode:
-    draft = drafter.propose(sequence, k)          # x_1..x_k ~ q
-    p = draft.score(target, sequence)             # one target pass: p_1..p_{k+1}
-    path, next_token = TokenLevel().accept(p, draft)
-    target.keep(k, path)                          # crop the rejected tokens from the KV cache
+The loop that runs these steps, for chains and token trees alike, is specdec.decoding.decode (each row of a
+batch on its own; one sequence is a batch of one):
+    drafts = drafter.propose(sequences, k)        # x_1..x_k ~ q, per row
+    p = drafts.score(target, sequences)           # one target pass: p_1..p_{k+1}, per row
+    paths, next_tokens = TokenLevel().accept_rows(p, drafts)
+    target.keep(k, paths)                         # crop the rejected tokens from the KV cache
 Both KV caches hold every token of the sequence except the last; a rejection crops them, the
 accepted prefix is never recomputed. A round is exact for any k fixed before its target distribution
 is computed, so k may change from round to round (specdec.choose.cost).
