@@ -6,7 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .checks import prompt_rows
-from .metrics import Generation, Stats
+from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
 from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
@@ -37,10 +37,7 @@ def autoregressive_generate(
         with stopwatch(stats.seconds, "verify", lm.device):
             stats.extras["passes"] = steps(lm, state, stats, sampling, generator)
     result = state.result(stats)
-    if single:
-        return Generation(result.tokens[0], Stats(emitted=stats.emitted, target_forwards=stats.target_forwards,
-                                                  seconds=stats.seconds))  # fmt: skip
-    return result
+    return one_sequence(result) if single else result
 
 
 def steps(lm: CachedLM, state: Batch, stats: Stats, sampling: Sampling, generator: torch.Generator | None) -> int:

@@ -37,7 +37,7 @@ from .choose.rules import rule_for
 from .draft.base import Drafter, Proposal, check_rows, share_cache
 from .draft.proposal import Draft, RowProposals
 from .draft.tree import prune_tree
-from .metrics import Generation, Stats
+from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
 from .runtime.masks import check_tree_backend
 from .runtime.timing import stopwatch
@@ -191,13 +191,6 @@ def target_cache(target: PreTrainedModel, cache: CachedLM | None) -> CachedLM:
     if cache.model is not target or cache.slots:
         raise ValueError("cache must be an empty CachedLM of the target (CachedLM(target), or after its reset())")
     return cache
-
-
-def one_sequence(result: Generation) -> Generation:
-    """A batch of one as a one-sequence Generation: its tokens (n,) and the batch's statistics."""
-    for key in ("passes", "rows"):
-        result.stats.extras.pop(key, None)
-    return Generation(result.tokens[0], result.stats)
 
 
 def speculative_generate(

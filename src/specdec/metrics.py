@@ -171,3 +171,10 @@ class Generation:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def one_sequence(result: Generation) -> Generation:
+    """A batch of one as a one-sequence Generation: its tokens (n,) and the batch's statistics."""
+    for key in ("passes", "rows"):
+        result.stats.extras.pop(key, None)
+    return Generation(result.tokens[0], result.stats)
