@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .layers import attention_windows, full_cache
+from .compiled import compiled_forward
+from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
 
 DEAD = -1  # the position of a slot that holds no token of its row
@@ -52,6 +53,17 @@ def context_length(model: PreTrainedModel) -> int | None:
 def causal_ancestry(rows: int, width: int, device: torch.device) -> torch.Tensor:
     """(B, n, n) bool: each new token sees the new tokens before it and itself (a chain in every row)."""
     return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(rows, width, width)
+
+
+def padded_pass(tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor, width: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pass (B, n) padded on the right to `width` with dead queries (token 0, position DEAD, seeing nothing)."""
+    rows, n = tokens.shape
+    tokens = torch.cat([tokens, tokens.new_zeros(rows, width - n)], dim=1)
+    positions = torch.cat([positions, positions.new_full((rows, width - n), DEAD)], dim=1)
+    grown = ancestry.new_zeros(rows, width, width)
+    grown[:, :n, :n] = ancestry
+    return tokens, positions, grown
 
 
 def left_padded(rows: list[torch.Tensor], starts: list[int], device: torch.device
@@ -84,7 +96,9 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = full_cache(self.model)
+        runtime = compiled_forward(self.model)
+        self.compiled = None if runtime is None or runtime.eager else runtime  # None: the eager runtime
+        self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.layout = 0  # changes whenever kept slots move (compaction, rows leaving): a reader must copy afresh
 
@@ -107,18 +121,24 @@ class CachedLM:
         """(B,) tokens cached per row."""
         return (self.positions != DEAD).sum(dim=1)
 
-    def masks(self, positions: torch.Tensor, ancestry: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The 4D mask of every attention type for new tokens at `positions` (B, n) with `ancestry` (B, n, n)."""
+    def masks(self, positions: torch.Tensor, ancestry: torch.Tensor, keys: int | None = None
+              ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4D mask of every attention type for new tokens at `positions` (B, n) with `ancestry` (B, n, n),
+        over `keys` slots (default: the cached ones and the new; more are hidden: a slot cache's free slots)."""
         check_masked_backend(self.model, "token trees and batches", "decode one sequence with chains")
         rows, width = positions.shape
-        keys = torch.cat([self.positions, positions], dim=1)  # (B, S + n)
+        positions_of_keys = torch.cat([self.positions, positions], dim=1)  # (B, S + n)
         new = ancestry & (positions != DEAD)[:, None, :]
         seen = torch.cat([(self.positions != DEAD)[:, None, :].expand(rows, width, self.slots), new], dim=2)
         seen[:, torch.arange(width), self.slots + torch.arange(width)] = True  # every query sees itself: a dead
         # one (padding) then has one finite key, so no row of the softmax is empty; nothing live ever sees it
+        if keys is not None:
+            seen = torch.cat([seen, seen.new_zeros(rows, width, keys - seen.shape[2])], dim=2)
+            positions_of_keys = torch.cat([positions_of_keys, positions_of_keys.new_full(
+                (rows, keys - positions_of_keys.shape[1]), DEAD)], dim=1)
         masks = {}
         for kind, window in self.windows.items():
-            visible = seen if window is None else seen & ((positions[:, :, None] - keys[:, None, :]) < window)
+            visible = seen if window is None else seen & ((positions[:, :, None] - positions_of_keys[:, None, :]) < window)
             masks[kind] = model_mask(visible, self.model)
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
@@ -138,6 +158,9 @@ class CachedLM:
         if positions is None:
             positions = self.lengths()[:, None] + torch.arange(width, device=self.device)
         positions = positions.to(self.device)
+        if self.compiled is not None:
+            logits = self.slot_pass(tokens.to(self.device), positions, ancestry)
+            return logits[:, -1:] if last_only else logits
         plain = rows == 1 and ancestry is None
         if not plain:
             ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
@@ -151,6 +174,26 @@ class CachedLM:
         )
         self.positions = torch.cat([self.positions, positions], dim=1)
         return out.logits[..., : self.vocab_size]
+
+    def slot_pass(self, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor | None) -> torch.Tensor:
+        """forward on the compiled runtime: the pass padded with dead queries to its bucket (or eager when wider than
+        every bucket), over the whole slot buffer; the padding's slots are cropped afterwards."""
+        rows, width = tokens.shape
+        ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
+        bucket = self.compiled.bucket(width)
+        padded = bucket or width
+        if padded > width:
+            tokens, positions, ancestry = padded_pass(tokens, positions, ancestry, padded)
+        for layer in self.cache.layers:
+            layer.reserve(self.slots + padded)
+        mask = self.masks(positions, ancestry, keys=self.cache.layers[0].capacity)
+        held = all(layer.held() for layer in self.cache.layers)
+        run = self.compiled if bucket is not None and held else self.compiled.run
+        logits = run(tokens, positions.clamp_min(0), mask, self.cache)
+        for layer in self.cache.layers:
+            layer.keep_slots(self.slots + width)
+        self.positions = torch.cat([self.positions, positions[:, :width]], dim=1)
+        return logits[:, :width, : self.vocab_size]
 
     def advance(self, sequences: list[torch.Tensor], last_only: bool = False) -> torch.Tensor:
         """Feed each row the part of its sequence (1, L_b) it has not cached, left-padded; their logits."""
@@ -245,5 +288,6 @@ class CachedLM:
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keep_slots(start)
             if other.slots > start:
-                mine.update(theirs.keys[..., start:, :].to(dtype), theirs.values[..., start:, :].to(dtype))
+                keys, values = theirs.live
+                mine.update(keys[..., start:, :].to(dtype), values[..., start:, :].to(dtype))
         self.positions = other.positions.clone()

@@ -39,6 +39,11 @@ class GrowingLayer(DynamicLayer):
     def held(self) -> bool:
         return self.is_initialized and self.keys is not None
 
+    @property
+    def live(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, S, D) keys and values of the slots in use."""
+        return self.keys, self.values
+
     def keep_slots(self, end: int) -> None:
         """Keep the first `end` slots (a crop)."""
         if self.held():
@@ -97,4 +102,93 @@ def full_cache(model: PreTrainedModel) -> DynamicCache:
     """A dynamic cache whose every layer keeps all states in a GrowingLayer (sliding windows are masks)."""
     cache = DynamicCache(config=model.config)
     cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
+
+
+class SlotLayer(GrowingLayer):
+    """A cache layer with a preallocated buffer written in place, for compiled forwards (the gpt-fast design).
+
+    `filled` (a 0-d tensor, so that a compiled graph reads it instead of specializing on it) is the number of slots
+    in use; `update` writes the new states at filled.. and returns the whole buffer (B, H, capacity, D), whose
+    shape does not change as the cache fills. The caller's mask hides every slot at or past `filled`. Crops and
+    compactions move states inside the buffer; only more rows, or more slots than the capacity, reallocate it.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.filled = torch.zeros((), dtype=torch.long)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.key_buffer is None:
+            self.allocate(key_states, value_states)
+        index = self.filled + torch.arange(key_states.shape[-2], device=key_states.device)  # (n,)
+        self.key_buffer.index_copy_(2, index, key_states)
+        self.value_buffer.index_copy_(2, index, value_states)
+        self.filled.add_(key_states.shape[-2])
+        return self.key_buffer, self.value_buffer
+
+    def allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.key_buffer = keys.new_zeros((*keys.shape[:-2], self.capacity, keys.shape[-1]))
+        self.value_buffer = values.new_zeros((*values.shape[:-2], self.capacity, values.shape[-1]))
+        self.filled = self.filled.to(keys.device)
+
+    def held(self) -> bool:
+        return self.is_initialized and self.key_buffer is not None
+
+    @property
+    def live(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, filled, D) views of the slots in use."""
+        end = int(self.filled)
+        return self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+
+    def keep_slots(self, end: int) -> None:
+        if self.held():
+            self.filled.fill_(end)
+
+    def reserve(self, slots: int) -> None:
+        """Room for `slots` slots: a buffer at least twice as large when this one is too small (a new shape)."""
+        if self.held() and slots > self.capacity:
+            self.capacity = max(2 * slots, 2 * self.capacity)
+            end = int(self.filled)
+            keys, values = self.live
+            self.key_buffer, self.value_buffer = None, None
+            self.allocate(keys, values)
+            self.key_buffer[..., :end, :], self.value_buffer[..., :end, :] = keys, values
+
+    def compact(self, start: int, kept: torch.Tensor) -> None:
+        if self.held():
+            end = start + kept.numel()
+            self.key_buffer[..., start:end, :] = self.key_buffer[..., start + kept, :]  # gather copies first
+            self.value_buffer[..., start:end, :] = self.value_buffer[..., start + kept, :]
+            self.filled.fill_(end)
+
+    def gather(self, index: torch.Tensor) -> None:
+        if self.held():
+            keys, values = self.live
+            expanded = index[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            self.take(keys.gather(2, expanded), values.gather(2, expanded))
+
+    def rows(self, index: torch.Tensor) -> None:
+        if self.held():
+            keys, values = self.live
+            self.take(keys.index_select(0, index), values.index_select(0, index))
+
+    def take(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold these states (B, H, S, D) from slot 0 on (a new buffer when the row count changed)."""
+        if keys.shape[0] != self.key_buffer.shape[0]:
+            self.allocate(keys, values)
+        end = keys.shape[-2]
+        self.key_buffer[..., :end, :], self.value_buffer[..., :end, :] = keys, values
+        self.filled.fill_(end)
+
+
+def slot_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
+    """A cache whose every layer is a SlotLayer of `capacity` slots (sliding windows are masks)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [SlotLayer(capacity) for _ in cache.layers]
     return cache

@@ -1,0 +1,167 @@
+"""A compiled runtime: a model's forward under torch.compile over a preallocated cache (the gpt-fast design).
+
+A one-token step reads every weight once, and a pass of a few tokens should reuse each weight it reads, so it should
+cost about one step. Eager linears on a CPU do not get there (a pass of 2-5 tokens costs 1.5-2 steps); inductor's C++
+GEMM template with frozen weights does. Three things make the forward compilable once per shape:
+- the cache is a SlotLayer buffer of fixed capacity written in place (its fill count is a tensor), so a forward's
+  shapes do not change as the sequence grows;
+- every compiled pass has one of a few widths (buckets): a pass of n tokens is padded on the right with dead
+  queries to the cheapest bucket that holds it, and the padded slots are cropped afterwards;
+- the mask (from specdec.runtime.cached) covers the whole buffer, so no shape depends on the cache's length.
+Passes wider than every bucket (a prompt) run eager on the same cache.
+
+Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
+the first process on a machine pays the compile (minutes per width with autotuning), later ones load it. A model that
+does not compile (an architecture, a quantized layer) runs eager, with one logged line saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+import torch
+from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+WIDTHS = (1, 2, 4, 8)  # default buckets: new tokens per row of a compiled pass
+CAPACITY = 512  # default slots per row of the preallocated cache (doubled when a sequence outgrows it)
+
+
+def cpu_options(autotune: bool) -> dict[str, object]:
+    """Inductor settings on a CPU: frozen weights; with autotune, the C++ GEMM template against ATen's kernels.
+    Weight prepacking into MKLDNN tensors is off: those cannot be pickled, so they keep a graph out of the disk
+    cache; the C++ GEMM template packs the frozen weights itself."""
+    options: dict[str, object] = {"freezing": True, "cpp.weight_prepack": False}
+    if autotune:
+        options |= {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+    return options
+
+
+def cuda_options(autotune: bool) -> dict[str, object]:
+    """Inductor settings on a GPU: frozen weights and CUDA graphs (what mode="reduce-overhead" turns on)."""
+    return {"freezing": True, "triton.cudagraphs": True, "max_autotune": autotune}
+
+
+@dataclass
+class CompileRecord:
+    """What compiling cost: seconds of each shape's first call, and whether inductor's disk cache held it."""
+
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, width) -> first call's seconds
+    cache_hits: int = 0  # graphs loaded from inductor's disk cache
+    cache_misses: int = 0  # graphs compiled afresh
+    eager_reason: str | None = None  # why the model runs eager, if it does
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def warm(self) -> bool:
+        """Every graph came from the disk cache."""
+        return self.cache_misses == 0 and self.cache_hits > 0
+
+
+class CompiledForward:
+    """model(input_ids, position_ids, 4D mask, cache) under torch.compile, one graph per (rows, width bucket).
+
+    widths: the buckets; capacity: cache slots per row; autotune: inductor's max_autotune (the C++ GEMM template
+    on a CPU, Triton's on a GPU). pass_ms (width -> measured ms, filled by the caller) makes `bucket` pick the
+    cheapest bucket that holds a pass instead of the smallest.
+    """
+
+    def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
+                 autotune: bool = True):
+        if not widths or min(widths) < 1:
+            raise ValueError(f"compiled widths must be >= 1, got {widths}")
+        if capacity < 2 * max(widths):
+            raise ValueError(f"capacity {capacity} must hold at least two passes of the widest bucket {max(widths)}")
+        self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
+        self.pass_ms: dict[int, float] = {}
+        self.record = CompileRecord()
+        cuda = model.device.type == "cuda"
+        options = cuda_options(autotune) if cuda else cpu_options(autotune)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a graph per shape
+        self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
+        """The model's logits (B, n, V) for tokens (B, n) at positions (B, n), appended to cache."""
+        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
+                          use_cache=True).logits
+
+    @property
+    def eager(self) -> bool:
+        return self.record.eager_reason is not None
+
+    def bucket(self, width: int) -> int | None:
+        """The bucket a pass of `width` tokens runs in (None: wider than every bucket, or the model runs eager)."""
+        fits = [w for w in self.widths if w >= width]
+        if self.eager or not fits:
+            return None
+        return min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w)) if self.pass_ms else fits[0]
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
+        shape = tuple(tokens.shape)
+        if shape in self.record.seconds:
+            return self.compiled(tokens, positions, mask, cache)
+        return self.first_call(shape, tokens, positions, mask, cache)
+
+    def first_call(self, shape, tokens, positions, mask, cache) -> torch.Tensor:
+        """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
+        from torch._dynamo.utils import counters
+
+        hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+        start = time.perf_counter()
+        try:
+            logits = self.compiled(tokens, positions, mask, cache)
+        except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            self.record.eager_reason = f"{type(error).__name__}: {reason}"[:300]
+            log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__,
+                        self.record.eager_reason)
+            return self.run(tokens, positions, mask, cache)  # tracing failed before anything ran
+        self.record.seconds[shape] = time.perf_counter() - start
+        self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - hits
+        self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - misses
+        return logits
+
+
+RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionary()
+
+
+def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
+                  autotune: bool = True) -> CompiledForward:
+    """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
+    passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use."""
+    check_compilable(model)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune)
+    return RUNTIMES[model]
+
+
+def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:
+    """The model's compiled runtime, or None for the eager one."""
+    return RUNTIMES.get(model)
+
+
+def eager_model(model: PreTrainedModel) -> None:
+    """Back to the eager runtime."""
+    RUNTIMES.pop(model, None)
+
+
+def check_compilable(model: PreTrainedModel) -> None:
+    """The compiled runtime passes a 4D mask on every forward: it needs an attention that takes one."""
+    backend = model.config._attn_implementation
+    if backend not in ("sdpa", "eager"):
+        raise ValueError(f"the compiled runtime passes 4D attention masks, which attn_implementation={backend!r} "
+                         "does not take: load the model with attn_implementation='sdpa', or use runtime=eager")
+
+
+def inductor_cache_dir():
+    from .offline import cache_dir
+
+    return cache_dir() / "inductor"

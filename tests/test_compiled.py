@@ -1,0 +1,147 @@
+"""The compiled runtime (specdec.runtime.compiled): the same outputs as the eager runtime, on every architecture.
+
+Each test compiles its own tiny models (never the session fixtures', which other tests run eager), with inductor's
+default GEMMs (autotune=False): a few seconds per graph, cached on disk by inductor for the next run. The
+autotuned C++ GEMM path is what the bench measures on the offline model (python -m experiments.bench bench=runtime).
+"""
+
+import logging
+
+import pytest
+import torch
+from fakes import GREEDY_PROMPT, hf_greedy
+from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
+
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    ModelTreeDrafter,
+    Sampling,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
+from specdec.exact import sequence_distribution
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
+from specdec.runtime.models import dynamic_int8_copy
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+
+N_NEW = 24
+WIDTHS = (1, 2, 4)
+
+
+def compiled_tiny(arch: str, **kwargs):
+    model = tiny_model(arch, seed=0, scale=20.0, **kwargs)
+    compile_model(model, widths=WIDTHS, capacity=64, autotune=False)
+    return model
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=[] if a in ("llama", "gemma3") else pytest.mark.exhaustive)
+                                  for a in ARCHITECTURES])
+def test_compiled_greedy_equals_eager_greedy(arch):
+    """Target-only and speculative greedy output on the compiled runtime equal HF's eager greedy output; the logits
+    of a compiled pass equal the eager ones to float rounding (Gemma 3: sliding windows shorter than the output)."""
+    target = compiled_tiny(arch)
+    expected = hf_greedy(target, GREEDY_PROMPT, N_NEW)  # HF's generate: its own eager forward
+    assert torch.equal(autoregressive_generate(target, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=N_NEW).tokens,
+                       expected)
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=3,
+                               sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, expected)
+    assert 0 < out.stats.acceptance_rate < 1  # partial acceptance: crops after compiled passes are exercised
+    assert compiled_forward(target).record.seconds  # it did run compiled
+    assert compiled_forward(target).record.eager_reason is None
+    assert largest_logit_difference(target, torch.cat([GREEDY_PROMPT[0], expected])[None]) < 1e-4
+
+
+def largest_logit_difference(model, ids: torch.Tensor) -> float:
+    """Largest |compiled - eager| logit over a prefill and passes of widths 1, 3 (padded to 4) and 2."""
+    compiled = CachedLM(model)
+    runtime = compiled_forward(model)
+    eager_model(model)
+    eager = CachedLM(model)
+    compile_model(model, widths=runtime.widths, capacity=runtime.capacity, autotune=False)
+    worst = 0.0
+    for start, end in ((0, 8), (8, 9), (9, 12), (12, 14)):
+        chunk = ids[:, start:end]
+        worst = max(worst, float((compiled.forward(chunk) - eager.forward(chunk)).abs().max()))
+    return worst
+
+
+def test_a_pass_is_padded_to_its_bucket_and_the_padding_cropped():
+    target = compiled_tiny("llama")
+    lm = CachedLM(target)
+    lm.forward(GREEDY_PROMPT[:, :3])
+    runtime = compiled_forward(target)
+    assert runtime.bucket(3) == 4 and runtime.bucket(5) is None
+    logits = lm.forward(GREEDY_PROMPT[:, 3:6])  # 3 tokens: the 4-wide graph
+    assert logits.shape[:2] == (1, 3) and lm.slots == 6
+    assert all(int(layer.filled) == 6 for layer in lm.cache.layers)
+    assert (1, 4) in runtime.record.seconds
+
+
+def test_the_cheapest_measured_bucket_is_chosen():
+    target = compiled_tiny("llama")
+    runtime = compiled_forward(target)
+    runtime.pass_ms = {1: 10.0, 2: 30.0, 4: 20.0}
+    assert runtime.bucket(2) == 4  # a 2-token pass is cheaper padded to 4 here
+    assert runtime.bucket(1) == 1
+
+
+def test_batches_and_trees_on_the_compiled_runtime():
+    """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""
+    target = compiled_tiny("llama")
+    draft = perturbed_copy(target, 0.15)
+    prompts = [GREEDY_PROMPT, GREEDY_PROMPT[:, :4]]
+    out = speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=GREEDY, max_new_tokens=12)
+    for prompt, tokens in zip(prompts, out.tokens):
+        assert torch.equal(tokens, hf_greedy(target, prompt, 12))
+    tree = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=2, nodes=3), GREEDY_PROMPT, sampling=GREEDY,
+                         max_new_tokens=12)
+    assert torch.equal(tree.tokens, hf_greedy(target, GREEDY_PROMPT, 12))
+
+
+def test_a_model_that_cannot_compile_runs_eager_with_one_line(caplog):
+    """torch's dynamic int8 layers do not trace: the copy runs eager, says why once, and decodes as before."""
+    model = dynamic_int8_copy(tiny_model("llama", seed=0, scale=20.0))
+    expected = autoregressive_generate(model, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=8).tokens
+    runtime = compile_model(model, widths=WIDTHS, capacity=64, autotune=False)
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime.compiled"):
+        out = autoregressive_generate(model, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=8).tokens
+        again = autoregressive_generate(model, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=8).tokens
+    assert torch.equal(out, expected) and torch.equal(again, expected)
+    assert runtime.eager and "runs eager" in caplog.text
+    assert len([r for r in caplog.records if "runs eager" in r.message]) == 1
+    assert CachedLM(model).compiled is None  # later caches take the eager runtime's plain path
+
+
+def test_bad_settings_are_refused():
+    model = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="widths must be >= 1"):
+        compile_model(model, widths=(), capacity=64)
+    with pytest.raises(ValueError, match="capacity 8 must hold"):
+        compile_model(model, widths=(1, 8), capacity=8)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        compile_model(model)
+
+
+@pytest.mark.parametrize("k", [pytest.param(1), pytest.param(2, marks=pytest.mark.exhaustive)])
+def test_speculative_sampling_on_the_compiled_runtime_keeps_the_target_distribution(k):
+    """The chi-square test of test_exactness.py, on compiled copies of its pair (same seeds, same power)."""
+    target = tiny_model("llama", seed=0, scale=6.0, vocab_size=5, n_layers=1)
+    draft = tiny_model("llama", seed=2, scale=6.0, vocab_size=5, n_layers=1)
+    for model in (target, draft):
+        compile_model(model, widths=(1, 2, 4), capacity=16, autotune=False)
+    prompt, n, sampling = torch.tensor([[0, 3, 1]]), 3, Sampling(1.0)
+    drafter = ModelDrafter(draft)
+
+    def generate(g):
+        return speculative_generate(target, drafter, prompt, k=k, sampling=sampling, max_new_tokens=n,
+                                    generator=g).tokens
+
+    counts = sample_counts(generate, 5, n, seed=k)
+    eager_model(target), eager_model(draft)
+    assert chi_square_pvalue(counts, sequence_distribution(target, prompt, n, sampling)) > PASS
+    assert chi_square_pvalue(counts, sequence_distribution(draft, prompt, n, sampling)) < REJECT
