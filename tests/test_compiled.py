@@ -145,3 +145,24 @@ def test_speculative_sampling_on_the_compiled_runtime_keeps_the_target_distribut
     eager_model(target), eager_model(draft)
     assert chi_square_pvalue(counts, sequence_distribution(target, prompt, n, sampling)) > PASS
     assert chi_square_pvalue(counts, sequence_distribution(draft, prompt, n, sampling)) < REJECT
+
+
+def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
+    """python -m experiments.run runtime=compiled on the toy random pair: target and draft compiled, greedy output
+    still the target's, and runtime.md / .json say which graphs compiled in how long."""
+    import json
+
+    import pandas as pd
+
+    from experiments.run.app import run_experiment
+
+    run_experiment(make_cfg("model=tiny_random", "device=cpu", "dtype=float32", "dataset.n_prompts=2",
+                            "max_new_tokens=8", "warmup_tokens=2", "threads=1", "method=speculative", "k=3",
+                            "runtime=compiled", "runtime.capacity=128", "logger=none"), tmp_path)
+    runtime = json.loads((tmp_path / "runtime.json").read_text())
+    assert set(runtime) == {"target", "draft"}
+    assert {"1x1", "1x4"} <= set(runtime["target"]["seconds"])  # steps, and k + 1 = 4 verified per pass
+    assert runtime["target"]["eager_reason"] is None
+    assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
+    rows = pd.read_json(tmp_path / "results.jsonl", lines=True)
+    assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()

@@ -233,6 +233,8 @@ def bench(cfg: DictConfig) -> dict:
     one = b.memory_of or b.load_of
     study = b.scaling or b.get("batching")
     only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
+    if b.get("runtime_study"):
+        only = [b.reference]
     contenders = contenders_of(cfg, base, Pairs(), only)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
@@ -253,6 +255,10 @@ def bench(cfg: DictConfig) -> dict:
         return result
     if b.get("batching"):
         return batch_study(contenders, prompts, ids, cfg, command, out)
+    if b.get("runtime_study"):
+        from .runtime import runtime_study
+
+        return runtime_study(contenders[b.reference].setup, [ids[p.id] for p in prompts], cfg, command, out)
     default = contenders[DEFAULT].setup
     load = None
     if b.load:  # before the comparison, which then runs on a quiet machine again

@@ -3,8 +3,8 @@
     python -m experiments.run                         # offline default (conf/config.yaml), CPU
     python -m experiments.run model=gemma2 k=4        # a hub pair on a GPU
     python -m experiments.run -m k=1,2,4,8 temperature=0,0.7,1 quantization=none,nf4
-    python -m experiments.run model=smollm2_ngram k=auto     # draft length chosen each round (k_max)
     python -m experiments.run model=smollm2_ngram tree=ngram # a token tree per pass (conf/tree/)
+    python -m experiments.run runtime=compiled               # torch.compile'd forwards (conf/runtime/)
 
 For every prompt each method gets a fresh torch.Generator(seed) and the same max_new_tokens; one
 short warm-up generation per method runs first and is not counted. Per-prompt rows are appended
@@ -33,7 +33,7 @@ from specdec.quality import agreement, distinct_n, negative_log_likelihood, repe
 from specdec.runtime.models import encode_prompt
 
 from ..records import machine, peak_memory, strict_json, write_json
-from .choices import write_choices
+from .choices import runtimes_of, write_choices, write_runtime
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
@@ -267,10 +267,9 @@ def run_experiment(
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
-    table = None
+    write_runtime(run_dir, runtimes_of(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
     try:
-        if done:
-            table = summarize(run_dir, plan, keys, prompts, logger)
+        table = summarize(run_dir, plan, keys, prompts, logger) if done else None
     finally:
         logger.finish(interrupted)
     if interrupted:

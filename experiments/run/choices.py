@@ -1,12 +1,16 @@
-"""What a run chose at its start, and why, in its folder: threads.md / .json (threads=auto) and
-calibration.md / .json (a calibrated pair). experiments.run.summary joins them to summary.md and summary.json."""
+"""What a run chose, and why, in its folder: threads.md / .json (threads=auto), calibration.md / .json (a
+calibrated pair) and runtime.md / .json (runtime=compiled: what compiling cost). experiments.run.summary joins them
+to summary.md and summary.json."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
 
+from transformers import PreTrainedModel
+
 from specdec.choose.calibration import Calibration
+from specdec.runtime.compiled import CompiledForward, compiled_forward
 from specdec.runtime.timing import ThreadChoice
 
 from ..records import cell, markdown_table, write_json
@@ -53,3 +57,37 @@ def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Cali
             {"chosen": calibration.chosen, "reason": calibration.reason, "target_step_ms": calibration.step_ms,
              "candidates": calibration.rows()},
         )  # fmt: skip
+
+
+def runtime_markdown(runtimes: dict[str, CompiledForward]) -> str:
+    """runtime=compiled: per model, its graphs' compile seconds, whether inductor's disk cache held them, or why the
+    model runs eager."""
+    rows = []
+    for role, runtime in runtimes.items():
+        r = runtime.record
+        cache = ("warm" if r.warm else f"{r.cache_hits} loaded, {r.cache_misses} compiled, {r.cache_bypassed} "
+                 "compiled and refused by the disk cache")
+        shapes = ", ".join(f"{rows}x{width}" for rows, width in r.seconds)
+        rows.append([role, r.eager_reason and f"eager ({r.eager_reason})" or "compiled", shapes or "-",
+                     cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache])
+    header = ["model", "runs", "graphs (rows x width)", "compile s", "inductor disk cache"]
+    return f"Runtime: compiled (specdec.runtime.compiled).\n\n{markdown_table(header, rows)}\n"
+
+
+def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
+    """runtime.md / .json when models ran on the compiled runtime (after the run: graphs compile at first use)."""
+    if not runtimes:
+        return
+    (run_dir / "runtime.md").write_text(runtime_markdown(runtimes))
+    write_json(run_dir / "runtime.json", {
+        role: {**asdict(r.record), "seconds": {f"{b}x{w}": s for (b, w), s in r.record.seconds.items()},
+               "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths)}
+        for role, r in runtimes.items()})
+
+
+def runtimes_of(target: PreTrainedModel, drafter: object) -> dict[str, CompiledForward]:
+    """The compiled runtimes of the target and of the drafter's models (every candidate of a DraftSwitch)."""
+    members = getattr(drafter, "candidates", None) or {"": drafter}
+    models = {"target": target} | {f"draft {name}".strip(): d.model for name, d in members.items()
+                                    if getattr(d, "model", None) is not None}
+    return {role: runtime for role, model in models.items() if (runtime := compiled_forward(model)) is not None}

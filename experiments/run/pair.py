@@ -27,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.choose.calibration import Calibration, calibrate
 from specdec.draft.base import Drafter
 from specdec.draft.switch import DraftSwitch
+from specdec.runtime.compiled import compile_model
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
@@ -175,6 +176,8 @@ def calibrated(
     chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
     specdec.choose.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
     drafters = {name: instantiate(node) for name, node in candidates_of(cfg).items()}
+    for drafter in drafters.values():
+        on_runtime(cfg, getattr(drafter, "model", None), draft=True)
     result = calibrate(
         target, drafters, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat),
         k=None if plan.k == AUTO else plan.k, k_max=plan.k_max, sampling=plan.sampling,
@@ -200,7 +203,20 @@ def load_target(cfg: DictConfig, plan: Plan) -> Target:
             compute_dtype=cfg.quantization.compute_dtype,
         )  # fmt: skip
         tokenizer = load_tokenizer(cfg.model.target.name)
+    on_runtime(cfg, model)
     return Target(model, tokenizer, quantization, choose_threads_for(plan, model, tokenizer))
+
+
+def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
+    """Put a loaded model on the run's runtime (conf/runtime/): compiled (specdec.runtime.compiled), or eager as
+    loaded."""
+    runtime = cfg.runtime
+    if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
+        return
+    try:
+        compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
+    except ValueError as error:
+        raise ConfigError(f"runtime=compiled: {error}") from error
 
 
 def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:
@@ -216,6 +232,7 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
     with offline_hint():
         drafter = instantiate(node)
     model = getattr(drafter, "model", None)
+    on_runtime(cfg, model, draft=True)
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
     if tokenizer is None and model is not None:
         tokenizer = check_same_tokenizer(cfg, target().tokenizer)
@@ -254,7 +271,7 @@ def target_key(cfg: DictConfig) -> str:
     """The settings that decide which target loads."""
     q = quantization_of(cfg, "target")
     key = [cfg.model.target.name, q, cfg.quantization.compute_dtype if q != "none" else None, cfg.device, cfg.dtype,
-           cfg.threads]  # fmt: skip
+           cfg.threads, OmegaConf.to_container(cfg.runtime)]  # fmt: skip
     return json.dumps(key, default=str)
 
 

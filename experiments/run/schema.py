@@ -41,6 +41,11 @@ class AppliesTo(str, Enum):
     BOTH = "both"
 
 
+class RuntimeKind(str, Enum):
+    EAGER = "eager"  # PyTorch as loaded
+    COMPILED = "compiled"  # torch.compile over a preallocated cache (specdec.runtime.compiled)
+
+
 class DatasetSource(str, Enum):
     JSON = "json"  # a local JSON Lines file
     HUB = "hub"  # a Hugging Face Hub dataset, streamed
@@ -102,6 +107,17 @@ class ModelPairConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """How the models' forwards run (conf/runtime/)."""
+
+    name: Any = choice(RuntimeKind)
+    widths: Any = field(default_factory=lambda: [1, 2, 4, 8])  # compiled pass widths (tokens per row)
+    capacity: Any = integer(16, default=512)  # cache slots per row, preallocated
+    autotune: bool = False  # inductor max_autotune: the C++ GEMM template (minutes per width, every process)
+    drafts: bool = True  # draft models run on it too
+
+
+@dataclass
 class DatasetConfig:
     name: Any = MISSING
     source: Any = choice(DatasetSource)
@@ -146,6 +162,7 @@ class RunConfig:
 
     model: ModelPairConfig = field(default_factory=ModelPairConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     tree: Any = None  # a tree drafter's _target_ node (conf/tree/); empty: chains

@@ -209,7 +209,7 @@ def write_summary(
         f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
     choices = {}  # threads=auto's choice and the calibrated draft's, and why (written by pair.write_calibration)
-    for name in ("threads", "calibration"):
+    for name in ("threads", "calibration", "runtime"):
         if (run_dir / f"{name}.json").exists():
             text += f"\n{(run_dir / f'{name}.md').read_text()}"
             choices[name] = json.loads((run_dir / f"{name}.json").read_text())

@@ -286,6 +286,7 @@ class CachedLM:
         `start` on cast to our dtype, and take its positions (slots it marked dead since are dead here too)."""
         dtype = self.model.get_input_embeddings().weight.dtype
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.reserve(other.slots)
             mine.keep_slots(start)
             if other.slots > start:
                 keys, values = theirs.live

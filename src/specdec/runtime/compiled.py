@@ -11,8 +11,9 @@ GEMM template with frozen weights does. Three things make the forward compilable
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
-the first process on a machine pays the compile (minutes per width with autotuning), later ones load it. A model that
-does not compile (an architecture, a quantized layer) runs eager, with one logged line saying why.
+the first process on a machine pays the compile, later ones load it; autotuned graphs (cpu_options) are the
+exception. A model that does not compile (an architecture, a quantized layer) runs eager, with one logged line
+saying why.
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ CAPACITY = 512  # default slots per row of the preallocated cache (doubled when 
 
 
 def cpu_options(autotune: bool) -> dict[str, object]:
-    """Inductor settings on a CPU: frozen weights; with autotune, the C++ GEMM template against ATen's kernels.
-    Weight prepacking into MKLDNN tensors is off: those cannot be pickled, so they keep a graph out of the disk
-    cache; the C++ GEMM template packs the frozen weights itself."""
-    options: dict[str, object] = {"freezing": True, "cpp.weight_prepack": False}
+    """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
+
+    autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels, on weights prepacked for MKLDNN;
+    MKLDNN tensors cannot be pickled, so those graphs stay out of inductor's disk cache (every process compiles
+    again, minutes per width). Without it, prepacking is off and graphs go to the disk cache (the GEMMs are ATen's).
+    """
     if autotune:
-        options |= {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-    return options
+        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+    return {"freezing": True, "cpp.weight_prepack": False}
 
 
 def cuda_options(autotune: bool) -> dict[str, object]:
@@ -53,7 +56,8 @@ class CompileRecord:
 
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, width) -> first call's seconds
     cache_hits: int = 0  # graphs loaded from inductor's disk cache
-    cache_misses: int = 0  # graphs compiled afresh
+    cache_misses: int = 0  # graphs compiled afresh and stored
+    cache_bypassed: int = 0  # graphs compiled afresh that the disk cache refused (autotune's prepacked weights)
     eager_reason: str | None = None  # why the model runs eager, if it does
 
     @property
@@ -63,7 +67,7 @@ class CompileRecord:
     @property
     def warm(self) -> bool:
         """Every graph came from the disk cache."""
-        return self.cache_misses == 0 and self.cache_hits > 0
+        return self.cache_misses == 0 and self.cache_bypassed == 0 and self.cache_hits > 0
 
 
 class CompiledForward:
@@ -75,7 +79,7 @@ class CompiledForward:
     """
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = True):
+                 autotune: bool = False):
         if not widths or min(widths) < 1:
             raise ValueError(f"compiled widths must be >= 1, got {widths}")
         if capacity < 2 * max(widths):
@@ -114,7 +118,7 @@ class CompiledForward:
         """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
         from torch._dynamo.utils import counters
 
-        hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+        before = {key: counters["inductor"][f"fxgraph_cache_{key}"] for key in ("hit", "miss", "bypass")}
         start = time.perf_counter()
         try:
             logits = self.compiled(tokens, positions, mask, cache)
@@ -125,8 +129,9 @@ class CompiledForward:
                         self.record.eager_reason)
             return self.run(tokens, positions, mask, cache)  # tracing failed before anything ran
         self.record.seconds[shape] = time.perf_counter() - start
-        self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - hits
-        self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - misses
+        self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - before["hit"]
+        self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
+        self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return logits
 
 
@@ -134,7 +139,7 @@ RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionar
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                  autotune: bool = True) -> CompiledForward:
+                  autotune: bool = False) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use."""
     check_compilable(model)

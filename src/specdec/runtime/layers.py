@@ -44,6 +44,9 @@ class GrowingLayer(DynamicLayer):
         """(B, H, S, D) keys and values of the slots in use."""
         return self.keys, self.values
 
+    def reserve(self, slots: int) -> None:
+        """Room for `slots` slots (this buffer grows as it is written)."""
+
     def keep_slots(self, end: int) -> None:
         """Keep the first `end` slots (a crop)."""
         if self.held():
@@ -152,11 +155,12 @@ class SlotLayer(GrowingLayer):
 
     def reserve(self, slots: int) -> None:
         """Room for `slots` slots: a buffer at least twice as large when this one is too small (a new shape)."""
-        if self.held() and slots > self.capacity:
-            self.capacity = max(2 * slots, 2 * self.capacity)
+        if slots <= self.capacity:
+            return
+        self.capacity = max(2 * slots, 2 * self.capacity)
+        if self.held():
             end = int(self.filled)
             keys, values = self.live
-            self.key_buffer, self.value_buffer = None, None
             self.allocate(keys, values)
             self.key_buffer[..., :end, :], self.value_buffer[..., :end, :] = keys, values
 

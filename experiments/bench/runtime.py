@@ -1,0 +1,226 @@
+"""The runtime study: what a target pass costs against its width, eager and compiled, next to the memory bound.
+
+python -m experiments.bench bench=runtime
+
+For each runtime profile (eager; compiled with inductor's default GEMMs; compiled with max_autotune's C++ GEMM
+template) on the pair's target, in one process, so that every ratio compares timings of one machine and load:
+- the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
+  in-memory state is dropped (warm: what a later process pays; autotuned graphs never reach the disk cache);
+- the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
+  step (widths above the largest bucket run eager on the slot cache);
+- the step against the memory bound: the ms to read the weights once at the bandwidth of a `sum` measured now;
+- the compiled logits against the eager ones on every prompt (largest absolute difference);
+- end to end, greedy: our target-only loop, and speculative decoding with prompt lookup (k = 3, a 4-wide pass),
+  tokens per second, outputs checked against the eager target-only's, next to Hugging Face's plain generate.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from transformers import PreTrainedModel
+
+from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.compiled import compile_model, eager_model
+from specdec.runtime.timing import forward_ms
+
+from ..records import machine, markdown_table, write_result
+from ..run.methods import Setup
+
+
+def weight_bytes(model: PreTrainedModel) -> int:
+    """Bytes of the parameters one forward reads (a tied output layer counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def memory_bound_ms(model: PreTrainedModel, repeats: int = 5) -> tuple[float, float]:
+    """(ms to read the model's weights once, GB/s): the fastest of `repeats` sums over a tensor of their size."""
+    nbytes = weight_bytes(model)
+    big = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - start)
+    return 1000 * best, nbytes / best / 1e9
+
+
+def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], repeats: int) -> dict[int, float]:
+    """Median ms of one cached forward of w tokens after prefix (1, L), each width."""
+    return {w: forward_ms(model, prefix, w, repeats=repeats) for w in widths}
+
+
+def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.Tensor) -> dict:
+    """Compile the model's buckets twice: into an empty disk cache (cold), then from it (warm)."""
+    out = {}
+    for state in ("cold", "warm"):
+        torch._dynamo.reset()
+        runtime = compile_model(model, widths=tuple(profile.widths), capacity=profile.capacity,
+                                autotune=profile.autotune)
+        lm = CachedLM(model)
+        lm.forward(prefix)
+        for w in runtime.widths:
+            lm.forward(prefix[:, :w])
+            lm.crop(prefix.shape[-1])
+        record = runtime.record
+        out[state] = {"seconds": record.total_seconds, "hits": record.cache_hits, "misses": record.cache_misses,
+                      "bypassed": record.cache_bypassed, "eager_reason": record.eager_reason}
+        if record.cache_bypassed or record.eager_reason:
+            break  # nothing on disk to be warm from: a later process compiles again
+    return out
+
+
+def largest_logit_difference(model: PreTrainedModel, prompts: list[torch.Tensor], eager: list[torch.Tensor]) -> float:
+    """Largest |compiled - eager| logit over the prompts' last positions, each prompt fed as a prefix and then its
+    last 4 tokens one pass at a time (widths 1, 2 and 1)."""
+    worst = 0.0
+    for ids, reference in zip(prompts, eager):
+        worst = max(worst, float((last_logits(model, ids) - reference).abs().max()))
+    return worst
+
+
+def last_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    lm = CachedLM(model)
+    lm.forward(ids[:, :-4])
+    return torch.cat([lm.forward(ids[:, -4:-3]), lm.forward(ids[:, -3:-1]), lm.forward(ids[:, -1:])], dim=1)
+
+
+def tokens_per_second(generate: Callable[[torch.Tensor], torch.Tensor], prompts: list[torch.Tensor]
+                      ) -> tuple[float, list[torch.Tensor]]:
+    """Generated tokens over seconds, summed over the prompts; the outputs."""
+    outputs, seconds = [], 0.0
+    for ids in prompts:
+        start = time.perf_counter()
+        outputs.append(generate(ids))
+        seconds += time.perf_counter() - start
+    return sum(o.numel() for o in outputs) / seconds, outputs
+
+
+def end_to_end(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: list[int]) -> dict:
+    """Greedy tokens/s of our target-only loop and of prompt lookup at k = 3, and their outputs."""
+    def ours(ids):
+        return autoregressive_generate(model, ids, sampling=GREEDY, max_new_tokens=n, eos_token_id=eos).tokens
+
+    def lookup(ids):
+        return speculative_generate(model, NGramDrafter(), ids, k=3, sampling=GREEDY, max_new_tokens=n,
+                                    eos_token_id=eos).tokens
+
+    ours(prompts[0][:, :8]), lookup(prompts[0][:, :8])  # warm-up
+    ar, ar_out = tokens_per_second(ours, prompts)
+    spec, spec_out = tokens_per_second(lookup, prompts)
+    return {"ar_tokens_per_s": ar, "lookup_k3_tokens_per_s": spec, "outputs": {"ar": ar_out, "lookup": spec_out}}
+
+
+def hf_plain(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: list[int]) -> float:
+    def generate(ids):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos)
+        return out[0, ids.shape[-1]:]
+
+    generate(prompts[0][:, :8])
+    return tokens_per_second(generate, prompts)[0]
+
+
+def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study: DictConfig, *, n: int,
+                      eos: list[int], log: Callable[[str], None] = print) -> dict:
+    """The study (module docstring) on model over prompts (1, L_i); study: profiles, max_width, repeats."""
+    prefix = prompts[0]
+    widths = list(range(1, study.max_width + 1))
+    bound_ms, gbps = memory_bound_ms(model)
+    log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
+    eager_logits = [last_logits(model, ids) for ids in prompts]
+    result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
+                    "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
+    reference = None
+    for name, profile in study.profiles.items():
+        entry: dict = {"settings": dict(profile)}
+        if profile.name == "compiled":
+            entry["compile"] = compile_seconds(model, profile, prefix)
+            entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
+        ms = pass_ms(model, prefix, widths, study.repeats)
+        entry["pass_ms"] = ms
+        entry["pass_cost"] = {w: ms[w] / ms[1] for w in widths}
+        entry["step_vs_memory_bound"] = ms[1] / bound_ms
+        e2e = end_to_end(model, prompts, n, eos)
+        outputs = e2e.pop("outputs")
+        reference = reference or outputs["ar"]
+        e2e["outputs_equal_eager_target_only"] = all(
+            torch.equal(a, b) for key in outputs for a, b in zip(outputs[key], reference))
+        entry.update(e2e)
+        eager_model(model)
+        torch._dynamo.reset()
+        result["profiles"][name] = entry
+        log(f"{name}: step {ms[1]:.1f} ms, pass cost " + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items())
+            + f"; target-only {e2e['ar_tokens_per_s']:.1f} tok/s, lookup {e2e['lookup_k3_tokens_per_s']:.1f}")
+    return result | {"keys": headline(result, study.report)}
+
+
+def headline(result: dict, report: str) -> dict:
+    """The issue's bench.json keys, for the reported profile (the run's compiled runtime) against eager."""
+    p, eager = result["profiles"][report], result["profiles"]["eager"]
+    cost = p["pass_cost"]
+    compile_ = p.get("compile", {})
+    return {
+        "profile": report,
+        "pass_cost_max_width_2_to_5": max(cost[w] for w in range(2, 6) if w in cost),
+        "pass_cost_width_9": cost.get(9),
+        "target_step_vs_memory_bound": p["step_vs_memory_bound"],
+        "ar_vs_hf_plain": p["ar_tokens_per_s"] / result["hf_plain_tokens_per_s"],
+        "ar_vs_eager_ar": p["ar_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "lookup_vs_target_only": p["lookup_k3_tokens_per_s"] / p["ar_tokens_per_s"],
+        "lookup_vs_eager_target_only": p["lookup_k3_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "compile_seconds_cold": compile_.get("cold", {}).get("seconds"),
+        "compile_seconds_warm": compile_.get("warm", {}).get("seconds"),
+    }
+
+
+def runtime_table(result: dict) -> str:
+    profiles = result["profiles"]
+    widths = list(next(iter(profiles.values()))["pass_cost"])
+    header = ["profile", "step ms", "step / bound", *[f"w={w}" for w in widths], "target-only tok/s",
+              "lookup k=3 tok/s", "compile s (cold / warm)"]
+    rows = []
+    for name, p in profiles.items():
+        c = p.get("compile", {})
+        compile_cell = " / ".join(f"{c[s]['seconds']:.0f}" if s in c else "-" for s in ("cold", "warm")) if c else "-"
+        rows.append([name, p["pass_ms"][1], p["step_vs_memory_bound"], *[p["pass_cost"][w] for w in widths],
+                     p["ar_tokens_per_s"], p["lookup_k3_tokens_per_s"], compile_cell])
+    keys = "\n".join(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in result["keys"].items())
+    return "\n".join([
+        (f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); Hugging Face plain "
+        f"generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of a w-token pass over the step's."), "",
+        markdown_table(header, rows, fmt="{:.2f}"), "", keys, ""])
+
+
+def fresh_inductor_cache() -> str:
+    """An empty inductor disk cache for this study (so that 'cold' is cold); returns its folder."""
+    folder = tempfile.mkdtemp(prefix="specdec-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
+def remove_cache(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def runtime_study(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=runtime: pass costs eager and compiled (experiments/bench/runtime.py), in an empty inductor cache."""
+    folder = fresh_inductor_cache()
+    try:
+        result = run_runtime_study(setup.pair.target, prompts, cfg.bench.runtime_study, n=cfg.max_new_tokens,
+                                   eos=setup.pair.eos_token_id)
+    finally:
+        remove_cache(folder)
+    result.update(machine=machine(setup.plan.device), command=command)
+    table = runtime_table(result)
+    write_result(out, "runtime", result, table)
+    print(table)
+    return result
