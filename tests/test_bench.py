@@ -204,3 +204,24 @@ def test_gpu_batch_study_on_toy_shapes(tmp_path):
     assert "ratio to target-only" in (tmp_path / "bench.md").read_text()
 
 
+
+
+@pytest.mark.exhaustive  # compiles the toy target (seconds per graph, twice); tests/test_compiled.py covers the runtime
+def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
+    """bench=runtime on the toy pair: each profile's pass costs over widths 1..3, the compile cold and warm (the
+    warm one loaded from inductor's disk cache), outputs equal to eager target-only's, and the runtime goals."""
+    result = bench(
+        tmp_path, "bench=runtime", *TINY, "bench.runtime_study.max_width=3", "bench.runtime_study.repeats=2",
+        "~bench.runtime_study.profiles.autotune", "bench.runtime_study.profiles.compiled.widths=[1,2]",
+        bench_name="runtime",
+    )  # fmt: skip
+    assert set(result["profiles"]) == {"eager", "compiled"}
+    compiled = result["profiles"]["compiled"]
+    assert set(compiled["pass_cost"]) == {"1", "2", "3"} and compiled["pass_cost"]["1"] == 1.0
+    assert compiled["compile"]["cold"]["misses"] == 2 and compiled["compile"]["warm"]["hits"] == 2
+    assert all(p["outputs_equal_eager_target_only"] for p in result["profiles"].values())
+    assert compiled["logits_max_abs_diff_vs_eager"] < 1e-4
+    assert set(result["goals"]) == {"pass_cost_max_width_2_to_5", "pass_cost_width_9", "target_step_vs_memory_bound",
+                                    "ar_vs_hf_plain"}
+    assert result["goals"]["pass_cost_width_9"]["met"] is None  # widths above 3 were not measured
+    assert "memory bound" in (tmp_path / "runtime.md").read_text()

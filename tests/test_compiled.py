@@ -166,3 +166,23 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
     assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
     rows = pd.read_json(tmp_path / "results.jsonl", lines=True)
     assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()
+
+
+def test_caches_made_in_and_out_of_inference_mode_share_one_graph():
+    """A graph guards on its inputs' dispatch keys: a cache's fill count must be the same kind of tensor wherever
+    the cache was made (a timing helper makes them in inference mode, a decoding loop outside), or every new
+    cache recompiles."""
+    from torch._dynamo.utils import counters
+
+    target = compiled_tiny("llama")
+    CachedLM(target).forward(GREEDY_PROMPT)  # the prefill runs eager; then one compiled step each
+    first = CachedLM(target)
+    first.forward(GREEDY_PROMPT[:, :5])
+    first.forward(GREEDY_PROMPT[:, 5:6])
+    compiled_frames = counters["frames"]["ok"]
+    with torch.inference_mode():
+        inside = CachedLM(target)
+    inside.forward(GREEDY_PROMPT[:, :5])
+    inside.forward(GREEDY_PROMPT[:, 5:6])
+    inside.crop(5)  # outside inference mode
+    assert counters["frames"]["ok"] == compiled_frames

@@ -78,6 +78,10 @@ BAD = [
     (["tree=model", "model=smollm2_weak", "tree.branches=2"], "branches must be a non-empty list"),
     (["tree=hybrid", "model=smollm2_weak", "tree.branches=[2,0]"], r"branches\[1\] must be an integer >= 1"),
     (["tree=hybrid", "model=smollm2_weak", "tree.ngram.matches=0"], "tree.ngram|matches must be an integer"),
+    (["runtime=compiled", "runtime.widths=[]"], "runtime.widths must be a non-empty list"),
+    (["runtime=compiled", "runtime.widths=[1,0]"], "runtime.widths must be an integer >= 1"),
+    (["runtime=compiled", "runtime.capacity=16", "runtime.widths=[1,16]"], "runtime.capacity=16 must hold two"),
+    (["runtime.name=aot"], "choices: eager, compiled"),
 ]
 
 

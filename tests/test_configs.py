@@ -30,7 +30,7 @@ from specdec.runtime.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("model", "quantization", "dataset", "logger", "tree", "hf", "verify", "experiment")
+GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "verify", "experiment")
 
 
 def options(group: str) -> list[str]:

@@ -84,3 +84,25 @@ def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool =
         if variant is not None:
             entries[key]["target_for"] = variant
     return entries
+
+
+# bench=runtime (experiments/bench/runtime.py): the compiled runtime's pass costs and step, each at most its
+# threshold (a pass of 2-5 tokens about one step; the step near the time to read the weights once), and its
+# target-only loop against Hugging Face's eager generate, at least its threshold
+RUNTIME_GOALS: dict[str, tuple[str, float]] = {
+    "pass_cost_max_width_2_to_5": ("at_most", 1.10),
+    "pass_cost_width_9": ("at_most", 1.40),
+    "target_step_vs_memory_bound": ("at_most", 1.5),
+    "ar_vs_hf_plain": ("at_least", 2.0),
+}
+
+
+def runtime_goal_entries(keys: dict[str, object]) -> dict[str, dict[str, object]]:
+    """{key: {"value", "target", "direction", "met"}} for each runtime goal measured (None: not measured)."""
+    entries = {}
+    for key, (direction, target) in RUNTIME_GOALS.items():
+        value = keys.get(key)
+        measured = isinstance(value, float) and not math.isnan(value)
+        met = (value <= target if direction == "at_most" else value >= target) if measured else None
+        entries[key] = {"value": value if measured else None, "target": target, "direction": direction, "met": met}
+    return entries

@@ -34,6 +34,7 @@ from specdec.runtime.timing import forward_ms
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
+from .goals import runtime_goal_entries
 
 
 def weight_bytes(model: PreTrainedModel) -> int:
@@ -160,7 +161,8 @@ def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study
         result["profiles"][name] = entry
         log(f"{name}: step {ms[1]:.1f} ms, pass cost " + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items())
             + f"; target-only {e2e['ar_tokens_per_s']:.1f} tok/s, lookup {e2e['lookup_k3_tokens_per_s']:.1f}")
-    return result | {"keys": headline(result, study.report)}
+    keys = headline(result, study.report)
+    return result | {"keys": keys, "goals": runtime_goal_entries(keys)}
 
 
 def headline(result: dict, report: str) -> dict:
@@ -194,10 +196,13 @@ def runtime_table(result: dict) -> str:
         rows.append([name, p["pass_ms"][1], p["step_vs_memory_bound"], *[p["pass_cost"][w] for w in widths],
                      p["ar_tokens_per_s"], p["lookup_k3_tokens_per_s"], compile_cell])
     keys = "\n".join(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in result["keys"].items())
+    goals = "\n".join(f"- goal {k}: {g['direction'].replace('_', ' ')} {g['target']}, "
+                      f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'}"
+                      for k, g in result["goals"].items())
     return "\n".join([
         (f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); Hugging Face plain "
         f"generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of a w-token pass over the step's."), "",
-        markdown_table(header, rows, fmt="{:.2f}"), "", keys, ""])
+        markdown_table(header, rows, fmt="{:.2f}"), "", keys, goals, ""])
 
 
 def fresh_inductor_cache() -> str:

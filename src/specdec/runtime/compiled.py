@@ -89,7 +89,7 @@ class CompiledForward:
         self.record = CompileRecord()
         cuda = model.device.type == "cuda"
         options = cuda_options(autotune) if cuda else cpu_options(autotune)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a graph per shape
+        allow_graphs(256)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
@@ -133,6 +133,14 @@ class CompiledForward:
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return logits
+
+
+def allow_graphs(count: int) -> None:
+    """Let dynamo keep `count` graphs of CompiledForward.run (one per model and shape; all models share its code
+    object), instead of silently running eager past its default of 8."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, count)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * count)
 
 
 RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionary()

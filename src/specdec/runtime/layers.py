@@ -120,7 +120,8 @@ class SlotLayer(GrowingLayer):
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
-        self.filled = torch.zeros((), dtype=torch.long)
+        with torch.inference_mode(False):  # a normal tensor wherever the cache is made, so one graph's guards hold
+            self.filled = torch.zeros((), dtype=torch.long)  # for every cache, and crops may run outside inference mode
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -138,7 +139,8 @@ class SlotLayer(GrowingLayer):
     def allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.key_buffer = keys.new_zeros((*keys.shape[:-2], self.capacity, keys.shape[-1]))
         self.value_buffer = values.new_zeros((*values.shape[:-2], self.capacity, values.shape[-1]))
-        self.filled = self.filled.to(keys.device)
+        with torch.inference_mode(False):
+            self.filled = self.filled.to(keys.device)
 
     def held(self) -> bool:
         return self.is_initialized and self.key_buffer is not None
