@@ -168,10 +168,10 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
     assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()
 
 
-def test_caches_made_in_and_out_of_inference_mode_share_one_graph():
-    """A graph guards on its inputs' dispatch keys: a cache's fill count must be the same kind of tensor wherever
-    the cache was made (a timing helper makes them in inference mode, a decoding loop outside), or every new
-    cache recompiles."""
+def test_one_graph_serves_every_cache_and_sequence_length():
+    """A graph guards on its inputs' dispatch keys and strides: a cache's fill count must be the same kind of tensor
+    wherever the cache was made (a timing helper makes them in inference mode, a decoding loop outside), and a pass
+    sliced out of a longer sequence must not carry that sequence's stride, or new caches and lengths recompile."""
     from torch._dynamo.utils import counters
 
     target = compiled_tiny("llama")
@@ -185,4 +185,8 @@ def test_caches_made_in_and_out_of_inference_mode_share_one_graph():
     inside.forward(GREEDY_PROMPT[:, :5])
     inside.forward(GREEDY_PROMPT[:, 5:6])
     inside.crop(5)  # outside inference mode
+    longer = CachedLM(target)  # a step sliced out of a longer sequence (another stride): the same graph too
+    ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
+    longer.forward(ids[:, :9])
+    longer.forward(ids[:, 9:10])
     assert counters["frames"]["ok"] == compiled_frames

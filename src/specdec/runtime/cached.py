@@ -179,6 +179,8 @@ class CachedLM:
         """forward on the compiled runtime: the pass padded with dead queries to its bucket (or eager when wider than
         every bucket), over the whole slot buffer; the padding's slots are cropped afterwards."""
         rows, width = tokens.shape
+        tokens = tokens.clone(memory_format=torch.contiguous_format)  # a graph guards on strides: a slice of a
+        # longer sequence (stride L) would compile a graph per sequence length
         ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
         bucket = self.compiled.bucket(width)
         padded = bucket or width
