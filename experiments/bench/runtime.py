@@ -5,7 +5,7 @@ python -m experiments.bench bench=runtime
 For each runtime profile (eager; compiled with inductor's default GEMMs; compiled with max_autotune's C++ GEMM
 template) on the pair's target, in one process, so that every ratio compares timings of one machine and load:
 - the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
-  in-memory state is dropped (warm: what a later process pays; autotuned graphs never reach the disk cache);
+  in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
 - the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
   step (widths above the largest bucket run eager on the slot cache);
 - the step against the memory bound: the ms to read the weights once at the bandwidth of a `sum` measured now;
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
@@ -123,7 +123,7 @@ def end_to_end(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos:
 def hf_plain(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: list[int]) -> float:
     def generate(ids):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             eos_token_id=eos)
+                             eos_token_id=eos or None, pad_token_id=(eos or [0])[0])
         return out[0, ids.shape[-1]:]
 
     generate(prompts[0][:, :8])
@@ -142,7 +142,7 @@ def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study
                     "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
     reference = None
     for name, profile in study.profiles.items():
-        entry: dict = {"settings": dict(profile)}
+        entry: dict = {"settings": OmegaConf.to_container(profile)}
         if profile.name == "compiled":
             entry["compile"] = compile_seconds(model, profile, prefix)
             entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)

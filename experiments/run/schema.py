@@ -113,7 +113,7 @@ class RuntimeConfig:
     name: Any = choice(RuntimeKind)
     widths: Any = field(default_factory=lambda: [1, 2, 4, 8])  # compiled pass widths (tokens per row)
     capacity: Any = integer(16, default=512)  # cache slots per row, preallocated
-    autotune: bool = False  # inductor max_autotune: the C++ GEMM template (minutes per width, every process)
+    autotune: bool = False  # inductor max_autotune: its C++ GEMM template against ATen's kernels
     drafts: bool = True  # draft models run on it too
 
 

@@ -11,8 +11,8 @@ GEMM template with frozen weights does. Three things make the forward compilable
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
-the first process on a machine pays the compile, later ones load it; autotuned graphs (cpu_options) are the
-exception. A model that does not compile (an architecture, a quantized layer) runs eager, with one logged line
+the first process on a machine pays the compile, later ones load it (and still trace the model: about half the
+cold time was measured warm, docs/performance.md). A model that does not compile (an architecture, a quantized layer) runs eager, with one logged line
 saying why.
 """
 
@@ -36,9 +36,9 @@ CAPACITY = 512  # default slots per row of the preallocated cache (doubled when 
 def cpu_options(autotune: bool) -> dict[str, object]:
     """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
 
-    autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels, on weights prepacked for MKLDNN;
-    MKLDNN tensors cannot be pickled, so those graphs stay out of inductor's disk cache (every process compiles
-    again, minutes per width). Without it, prepacking is off and graphs go to the disk cache (the GEMMs are ATen's).
+    autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
+    compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
+    one never reaches inductor's disk cache (CompileRecord counts such graphs as bypassed).
     """
     if autotune:
         return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
@@ -57,7 +57,7 @@ class CompileRecord:
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, width) -> first call's seconds
     cache_hits: int = 0  # graphs loaded from inductor's disk cache
     cache_misses: int = 0  # graphs compiled afresh and stored
-    cache_bypassed: int = 0  # graphs compiled afresh that the disk cache refused (autotune's prepacked weights)
+    cache_bypassed: int = 0  # graphs compiled afresh that the disk cache refused (e.g. MKLDNN-prepacked weights)
     eager_reason: str | None = None  # why the model runs eager, if it does
 
     @property
