@@ -224,4 +224,4 @@ def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
     assert set(result["goals"]) == {"pass_cost_max_width_2_to_5", "pass_cost_width_9", "target_step_vs_memory_bound",
                                     "ar_vs_hf_plain"}
     assert result["goals"]["pass_cost_width_9"]["met"] is None  # widths above 3 were not measured
-    assert "memory bound" in (tmp_path / "runtime.md").read_text()
+    assert "Memory bound" in (tmp_path / "runtime.md").read_text()
