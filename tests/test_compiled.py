@@ -120,7 +120,7 @@ def test_bad_settings_are_refused():
     model = tiny_model("llama", seed=0)
     with pytest.raises(ValueError, match="widths must be >= 1"):
         compile_model(model, widths=(), capacity=64)
-    with pytest.raises(ValueError, match="capacity 8 must hold"):
+    with pytest.raises(ValueError, match="capacity=8 must hold"):
         compile_model(model, widths=(1, 8), capacity=8)
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):

@@ -27,10 +27,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.choose.calibration import Calibration, calibrate
 from specdec.draft.base import Drafter
 from specdec.draft.switch import DraftSwitch
-from specdec.runtime.compiled import compile_model
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
+from .runtime import on_runtime
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
 
@@ -205,18 +205,6 @@ def load_target(cfg: DictConfig, plan: Plan) -> Target:
         tokenizer = load_tokenizer(cfg.model.target.name)
     on_runtime(cfg, model)
     return Target(model, tokenizer, quantization, choose_threads_for(plan, model, tokenizer))
-
-
-def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
-    """Put a loaded model on the run's runtime (conf/runtime/): compiled (specdec.runtime.compiled), or eager as
-    loaded."""
-    runtime = cfg.runtime
-    if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
-        return
-    try:
-        compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
-    except ValueError as error:
-        raise ConfigError(f"runtime=compiled: {error}") from error
 
 
 def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:

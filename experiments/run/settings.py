@@ -221,18 +221,6 @@ def check_hf_k(cfg: DictConfig) -> None:
             )
 
 
-def check_runtime(runtime: DictConfig) -> None:
-    """runtime=compiled's widths: a non-empty list of integers >= 1, and a capacity that holds two of the widest."""
-    widths = runtime.widths
-    if isinstance(widths, (str, int)) or not widths:
-        raise ConfigError(f"runtime.widths must be a non-empty list of pass widths >= 1, got {widths!r}")
-    for width in widths:
-        check_int(width, "runtime.widths", 1)
-    if runtime.capacity < 2 * max(widths):
-        raise ConfigError(f"runtime.capacity={runtime.capacity} must hold two passes of the widest width "
-                          f"({max(widths)}): raise it or drop that width")
-
-
 def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
     check_hf_k(cfg)
@@ -250,6 +238,8 @@ def validate(cfg: DictConfig) -> None:
     if categories is not None and (isinstance(categories, str) or len(categories) == 0):
         raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
     check_device(str(cfg.device))
+    from .runtime import check_runtime  # that module imports this one
+
     check_runtime(cfg.runtime)
     if cfg.batch_size > 1 and cfg.method == Method.HF and (cfg.hf.assistant or cfg.hf.prompt_lookup):
         raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "

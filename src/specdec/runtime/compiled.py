@@ -50,6 +50,15 @@ def cuda_options(autotune: bool) -> dict[str, object]:
     return {"freezing": True, "triton.cudagraphs": True, "max_autotune": autotune}
 
 
+def check_settings(widths: tuple[int, ...], capacity: int) -> None:
+    """Buckets of at least one token, and a cache that holds two passes of the widest."""
+    if not widths or min(widths) < 1:
+        raise ValueError(f"widths must be >= 1, got {widths}")
+    if capacity < 2 * max(widths):
+        raise ValueError(f"capacity={capacity} must hold two passes of the widest width ({max(widths)}): raise it "
+                         "or drop that width")
+
+
 @dataclass
 class CompileRecord:
     """What compiling cost: seconds of each shape's first call, and whether inductor's disk cache held it."""
@@ -80,10 +89,7 @@ class CompiledForward:
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False):
-        if not widths or min(widths) < 1:
-            raise ValueError(f"compiled widths must be >= 1, got {widths}")
-        if capacity < 2 * max(widths):
-            raise ValueError(f"capacity {capacity} must hold at least two passes of the widest bucket {max(widths)}")
+        check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()

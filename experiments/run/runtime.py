@@ -1,0 +1,32 @@
+"""The runtime group (conf/runtime/): its values checked before anything loads, and loaded models put on it."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from transformers import PreTrainedModel
+
+from specdec.runtime.compiled import check_settings, compile_model
+
+from .settings import ConfigError, check_int
+
+
+def check_runtime(runtime: DictConfig) -> None:
+    """runtime.widths: a non-empty list of integers >= 1; widths and capacity as the compiled runtime takes them."""
+    widths = runtime.widths
+    if isinstance(widths, (str, int)) or not widths:
+        raise ConfigError(f"runtime.widths must be a non-empty list of pass widths >= 1, got {widths!r}")
+    for width in widths:
+        check_int(width, "runtime.widths", 1)
+    try:
+        check_settings(tuple(widths), runtime.capacity)
+    except ValueError as error:
+        raise ConfigError(f"runtime.{error}") from error
+
+
+def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
+    """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
+    settings were checked with the config (check_runtime)."""
+    runtime = cfg.runtime
+    if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
+        return
+    compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
