@@ -66,9 +66,10 @@ class Round:
 
 
 def prefill(target: CachedLM, drafter: Drafter, prompts: list[torch.Tensor]) -> None:
-    """Cache every prompt but its last token; the drafter starts the rows (reading the target's cache if it can)."""
-    target.prefill(prompts)
+    """Cache every prompt but its last token; the drafter starts the rows (reading the target's cache or features
+    if it can: offered first, so that the target keeps what the drafter reads from the prompt on)."""
     share_cache(drafter, target)
+    target.prefill(prompts)
     drafter.start(prompts)
 
 

@@ -31,10 +31,12 @@ import torch
 from transformers import PreTrainedModel
 
 from .compiled import compiled_forward
+from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
+from .passes import DEAD, causal_ancestry, left_padded, padded_pass
 
-DEAD = -1  # the position of a slot that holds no token of its row
+__all__ = ["DEAD", "CachedLM", "context_length", "left_padded", "logits_width"]
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -50,36 +52,6 @@ def context_length(model: PreTrainedModel) -> int | None:
     return getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
 
-def causal_ancestry(rows: int, width: int, device: torch.device) -> torch.Tensor:
-    """(B, n, n) bool: each new token sees the new tokens before it and itself (a chain in every row)."""
-    return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(rows, width, width)
-
-
-def padded_pass(tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor, width: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A pass (B, n) padded on the right to `width` with dead queries (token 0, position DEAD, seeing nothing)."""
-    rows, n = tokens.shape
-    tokens = torch.cat([tokens, tokens.new_zeros(rows, width - n)], dim=1)
-    positions = torch.cat([positions, positions.new_full((rows, width - n), DEAD)], dim=1)
-    grown = ancestry.new_zeros(rows, width, width)
-    grown[:, :n, :n] = ancestry
-    return tokens, positions, grown
-
-
-def left_padded(rows: list[torch.Tensor], starts: list[int], device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows (n_b,) left-padded into (B, n) with their positions starts[b].. (DEAD for padding)."""
-    width = max((r.numel() for r in rows), default=0)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    positions = torch.full((len(rows), width), DEAD, dtype=torch.long, device=device)
-    for b, (row, start) in enumerate(zip(rows, starts)):
-        n = row.numel()
-        if n:
-            tokens[b, width - n :] = row.to(device)
-            positions[b, width - n :] = torch.arange(start, start + n, device=device)
-    return tokens, positions
-
-
 class CachedLM:
     """B sequences' KV caches for `model`: row b holds the first lengths()[b] tokens of sequence b.
 
@@ -93,14 +65,33 @@ class CachedLM:
         self.vocab_size = vocab_size or logits_width(model)
         self.device = model.device
         self.windows = attention_windows(model)
+        self.keeps_features = False  # keep_features(): hold the last hidden state of every slot too
         self.reset()
 
     def reset(self) -> None:
         runtime = compiled_forward(self.model)
         self.compiled = None if runtime is None or runtime.eager else runtime  # None: the eager runtime
         self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
+        self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.layout = 0  # changes whenever kept slots move (compaction, rows leaving): a reader must copy afresh
+
+    def keep_features(self) -> None:
+        """From the next sequences on, keep each slot's last hidden state (specdec.runtime.features)."""
+        if self.compiled is not None:
+            raise ValueError("a draft head reads the target's features from the eager runtime: use runtime=eager")
+        self.keeps_features = True
+        if self.features is None and not self.slots:
+            self.features = FeatureStore()
+
+    def row_features(self) -> list[torch.Tensor]:
+        """Each row's features (L_b, d) at its cached positions 0..L_b - 1, in order (after keep_features)."""
+        return self.features.rows_of(self.positions != DEAD)
+
+    @property
+    def stores(self) -> list:
+        """What each slot holds: the KV cache's layers, and the features when kept."""
+        return self.cache.layers + ([self.features] if self.features is not None else [])
 
     @property
     def rows(self) -> int:
@@ -164,14 +155,15 @@ class CachedLM:
         plain = rows == 1 and ancestry is None
         if not plain:
             ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
-        out = self.model(
-            input_ids=tokens.to(self.device),
-            cache=self.cache,
-            use_cache=True,
-            attention_mask=None if plain else self.masks(positions, ancestry),
-            position_ids=None if plain else positions.clamp_min(0),
-            logits_to_keep=1 if last_only else 0,
-        )
+        with tapped(self.model, self.features):
+            out = self.model(
+                input_ids=tokens.to(self.device),
+                cache=self.cache,
+                use_cache=True,
+                attention_mask=None if plain else self.masks(positions, ancestry),
+                position_ids=None if plain else positions.clamp_min(0),
+                logits_to_keep=1 if last_only else 0,
+            )
         self.positions = torch.cat([self.positions, positions], dim=1)
         return out.logits[..., : self.vocab_size]
 
@@ -233,14 +225,14 @@ class CachedLM:
         """Keep the first `length` tokens of the one row (never grows it)."""
         if length > self.length:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
-        for layer in self.cache.layers:
+        for layer in self.stores:
             layer.keep_slots(length)
         self.positions = self.positions[:, :length]
 
     @torch.inference_mode()
     def keep_path(self, start: int, kept: torch.Tensor) -> None:
         """Keep slots [0, start) and start + kept (j,) of the one row, in that order (a tree's accepted path)."""
-        for layer in self.cache.layers:
+        for layer in self.stores:
             layer.compact(start, kept)
         self.positions = torch.cat([self.positions[:, :start], self.positions[:, start + kept]], dim=1)
 
@@ -264,7 +256,7 @@ class CachedLM:
         keep = int(live.sum(dim=1).max()) if self.rows else 0
         order = (live.long() * torch.arange(1, self.slots + 1, device=self.device)).argsort(dim=1, stable=True)
         index = order[:, self.slots - keep :]  # (B, keep): dead slots first, then the live ones in order
-        for layer in self.cache.layers:
+        for layer in self.stores:
             layer.gather(index)
         self.positions = self.positions.gather(1, index)
         self.layout += 1
@@ -273,7 +265,7 @@ class CachedLM:
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (finished ones leave the batch), in this order."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
+        for layer in self.stores:
             layer.rows(index)
         self.positions = self.positions.index_select(0, index)
         self.layout += 1

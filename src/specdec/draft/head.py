@@ -1,0 +1,131 @@
+"""A trained draft head that reads the target's features (EAGLE, Li et al. 2024), with a frequency-ranked output
+vocabulary (FR-Spec, Zhao et al. 2025, arXiv 2502.14856).
+
+Notation: f_i is the target's feature at position i (its last hidden state after the final norm, so that the
+target's logits are W f_i with W its output layer), x_i the token at position i, e(x) the target's input embedding.
+
+The head predicts the next feature from the current one and the token that follows it:
+
+    f^_{i+1} = body(fc([f_i ; e(x_{i+1})]))        body: `layers` decoder layers of the target's architecture
+    q(x_{i+2}) = softmax(W_S f^_{i+1})              W_S: the rows of W for the N most frequent tokens S
+
+and a chain continues on its own prediction: f^_{i+1} with the drafted x_{i+2} gives f^_{i+2}. The embedding
+and W are the target's own, frozen and shared (W_S is a copy of N rows); fc and the body are trained
+(specdec.train.head). Outside S the draft's logits are -inf, so q(x) = 0 there and the draft never proposes such
+a token: speculative sampling stays exact, because the rejection rule only needs every drafted token to be a
+sample of the q it reports (notebook 02 derives it).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+
+from ..runtime.cached import logits_width
+
+
+def body_config(target: PreTrainedModel, layers: int):
+    """The target's text config cut to `layers` full-attention layers and no vocabulary of its own (the body
+    takes embeddings)."""
+    config = copy.deepcopy(target.config.get_text_config())
+    config.num_hidden_layers = layers
+    config.vocab_size, config.pad_token_id = 1, None
+    if getattr(config, "layer_types", None) is not None:  # the window stays set: some models build its mask anyway
+        config.layer_types = ["full_attention"] * layers
+    elif hasattr(config, "sliding_window"):
+        config.sliding_window = None
+    if hasattr(config, "use_sliding_window"):
+        config.use_sliding_window = False
+    return config
+
+
+class DraftHead(nn.Module):
+    """fc and `layers` decoder layers of the target's architecture; the output layer is W_S (N frozen rows of the
+    target's output layer, `vocab` holding their token ids; None: the whole vocabulary)."""
+
+    def __init__(self, target: PreTrainedModel, layers: int = 1, vocab: torch.Tensor | None = None):
+        super().__init__()
+        config = target.config.get_text_config()
+        d = config.hidden_size
+        self.layers = layers
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.body = AutoModel.from_config(body_config(target, layers)).to(target.dtype)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.vocab_size = logits_width(target)
+        self.attach(target, vocab)
+
+    def attach(self, target: PreTrainedModel, vocab: torch.Tensor | None) -> None:
+        """Share the target's embedding and take the rows `vocab` of its output layer (frozen, not saved)."""
+        weight = target.get_output_embeddings().weight.detach()  # (V, d)
+        ids = torch.arange(weight.shape[0]) if vocab is None else vocab.to(torch.long)
+        if ids.numel() == 0 or int(ids.max()) >= self.vocab_size or ids.unique().numel() != ids.numel():
+            raise ValueError(f"the draft vocabulary must be distinct token ids below {self.vocab_size}")
+        object.__setattr__(self, "embed", target.get_input_embeddings())  # the target's: not a submodule, not trained
+        self.register_buffer("vocab", ids.to(weight.device), persistent=False)  # (N,) token ids of S
+        self.register_buffer("out_weight", weight[ids.to(weight.device)].clone(), persistent=False)  # (N, d) W_S
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """fc([f_i ; e(x_{i+1})]): features (B, n, d), the tokens after them (B, n) -> (B, n, d)."""
+        with torch.no_grad():
+            embedded = self.embed(tokens)
+        return self.fc(torch.cat([features, embedded.to(features.dtype)], dim=-1))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache=None
+                ) -> torch.Tensor:
+        """The predicted next features f^ (B, n, d) for positions (B, n), through the body's cache if given."""
+        out = self.body(inputs_embeds=self.inputs(features, tokens), position_ids=positions, cache=cache,
+                        use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """W_S f^ (..., N), soft-capped as the target caps its logits."""
+        logits = predicted @ self.out_weight.T
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def logits(self, predicted: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """Logits over the whole vocabulary (..., V): W_S f^ on S, -inf elsewhere."""
+        width = vocab_size or self.vocab_size
+        full = predicted.new_full((*predicted.shape[:-1], width), float("-inf"))
+        kept = self.vocab < width
+        full[..., self.vocab[kept]] = self.subset_logits(predicted)[..., kept]
+        return full
+
+
+def frequency_ranked(counts: torch.Tensor, n: int | None) -> torch.Tensor | None:
+    """The ids of the n most frequent tokens (counts: (V,) occurrences in the training text), most frequent
+    first; None (the whole vocabulary) when n is None or covers it."""
+    if n is None or n >= counts.numel():
+        return None
+    return torch.argsort(counts, descending=True, stable=True)[:n]
+
+
+HEAD_FILE = "head.pt"
+
+
+def save_head(head: DraftHead, folder: Path) -> Path:
+    """Write the trained weights, the depth and the draft vocabulary to folder/head.pt (atomically: a file being
+    written never replaces a whole one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = None if head.vocab.numel() == head.vocab_size else head.vocab.cpu()
+    state = {"layers": head.layers, "vocab": vocab, "weights": {k: v.detach().cpu() for k, v in head.state_dict().items()}}
+    partial = folder / (HEAD_FILE + ".partial")
+    torch.save(state, partial)
+    partial.replace(folder / HEAD_FILE)
+    return folder / HEAD_FILE
+
+
+def load_head(folder: str | Path, target: PreTrainedModel) -> DraftHead:
+    """The head saved in folder (save_head) on this target (whose embedding and output layer it shares)."""
+    path = Path(folder) / HEAD_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no trained draft head at {path}: train one with `python -m experiments.train_draft`")
+    state = torch.load(path, map_location=target.device, weights_only=True)
+    head = DraftHead(target, layers=state["layers"], vocab=state["vocab"])
+    head.load_state_dict(state["weights"])
+    return head.eval()

@@ -1,0 +1,1 @@
+"""Training what drafts: the draft head's teacher data, losses and validation acceptance (specdec.train.head)."""

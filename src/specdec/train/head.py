@@ -1,0 +1,127 @@
+"""Training a draft head (specdec.draft.head) by distillation from the target, as EAGLE does (Li et al. 2024).
+
+Teacher data. One teacher-forced target pass over a token row x_0..x_{L-1} gives its features f_i and its
+distribution p_i over the token after position i (p_i = softmax(W f_i)); `teacher_pass` keeps the features and the
+top-k of each p_i (the labels are the target's distribution, not the text's tokens).
+
+Loss at position i (the head reads (f_i, x_{i+1}) and predicts f^_{i+1}):
+    smooth_l1(f^_{i+1}, f_{i+1})  +  ce_weight * H(p_{i+1} restricted to top-k, q_{i+1})     q = softmax(W_S f^)
+`unroll` > 1 also trains later drafting steps, where the head reads its own predictions: step s reads
+(f^_{i+s-1}, x_{i+s}) and predicts f_{i+s}. Here every earlier position of step s is a prediction too (a
+simplification of EAGLE-3's training-time test, whose earlier positions keep the true features).
+
+Validation: the acceptance rate of the first draft token, alpha = E[sum_x min(p(x), q(x))] at temperature 1 (with
+p computed in full from the stored features) and the greedy match rate P(argmax q = argmax p).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from ..draft.head import DraftHead
+from ..runtime.cached import CachedLM
+
+
+@dataclass
+class Teacher:
+    """What the target computed over token rows, chunked to equal lengths T: tokens (n, T), features (n, T, d),
+    and the top-k of each position's p: ids (n, T, K) and probabilities (n, T, K)."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    top_ids: torch.Tensor
+    top_probs: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def part(self, index: torch.Tensor | slice) -> Teacher:
+        return Teacher(self.tokens[index], self.features[index], self.top_ids[index], self.top_probs[index])
+
+    def batch(self, index: torch.Tensor | slice) -> Teacher:
+        """The chunks `index`, features and probabilities in float32 (stored in float16)."""
+        part = self.part(index)
+        return Teacher(part.tokens, part.features.float(), part.top_ids, part.top_probs.float())
+
+    def split(self, validation: int) -> tuple[Teacher, Teacher]:
+        """(training, validation): the last `validation` chunks held out."""
+        cut = len(self) - validation
+        return self.part(slice(0, cut)), self.part(slice(cut, None))
+
+
+@torch.inference_mode()
+def teacher_pass(target: PreTrainedModel, tokens: torch.Tensor, top_k: int = 8
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One teacher-forced pass over tokens (L,): features (L, d) and the top-k ids and probabilities (L, K) of p."""
+    lm = CachedLM(target)
+    lm.keep_features()
+    logits = lm.forward(tokens[None].to(lm.device))[0]  # (L, V)
+    probs, ids = logits.float().softmax(dim=-1).topk(top_k, dim=-1)  # (L, K)
+    return lm.row_features()[0], ids, probs
+
+
+def chunked(rows: list[tuple[torch.Tensor, ...]], length: int) -> Teacher:
+    """Each row's (tokens, features, ids, probs) cut into whole chunks of `length` positions (a row shorter than
+    one chunk is dropped); features and probabilities stored in float16."""
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for row in rows:
+        whole = row[0].shape[0] // length * length
+        for part, tensor in zip(parts, row):
+            if whole:
+                part.append(tensor[:whole].reshape(whole // length, length, *tensor.shape[1:]))
+    if not parts[0]:
+        raise ValueError(f"no token row holds a chunk of {length} tokens: use shorter chunks or longer rows")
+    tokens, features, ids, probs = (torch.cat(p) for p in parts)
+    return Teacher(tokens, features.half(), ids, probs.half())
+
+
+def restricted_labels(head: DraftHead, ids: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The teacher's top-k mass on W_S's columns: (..., N) with p's top-k probabilities where they fall in S."""
+    column = torch.full((head.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    column[head.vocab] = torch.arange(head.vocab.numel(), device=ids.device)
+    where = column[ids]  # (..., K): the column of each top-k id, -1 outside S
+    labels = probs.new_zeros(*ids.shape[:-1], head.vocab.numel())
+    return labels.scatter_add_(-1, where.clamp_min(0), probs * (where >= 0))
+
+
+def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: int = 1, noise: float = 0.0
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training loss over a batch of chunks (module docstring) and its parts per step."""
+    features = batch.features  # (B, T, d)
+    inputs = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
+    total, parts = 0.0, {}
+    for s in range(1, unroll + 1):
+        width = inputs.shape[1] - (s - 1)
+        positions = torch.arange(s - 1, s - 1 + width)[None].expand(features.shape[0], -1)
+        predicted = head(inputs[:, :width], batch.tokens[:, s : s + width], positions)  # (B, width, d)
+        regression = F.smooth_l1_loss(predicted, features[:, s : s + width])
+        labels = restricted_labels(head, batch.top_ids[:, s : s + width], batch.top_probs[:, s : s + width])
+        ce = -(labels * head.subset_logits(predicted).log_softmax(dim=-1)).sum(-1).mean()
+        total = total + regression + ce_weight * ce
+        parts |= {f"regression_{s}": regression.item(), f"cross_entropy_{s}": ce.item()}
+        inputs = predicted[:, :-1]
+    return total, parts
+
+
+@torch.no_grad()
+def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
+                           softcap: float | None = None) -> dict[str, float]:
+    """alpha (temperature 1) and the greedy match rate of the first draft token over a batch (module docstring);
+    target_weight: the target's whole output layer (V, d)."""
+    head.eval()
+    width = batch.tokens.shape[1] - 1
+    positions = torch.arange(width)[None].expand(len(batch), -1)
+    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
+    target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
+    if softcap:
+        target_logits = torch.tanh(target_logits / softcap) * softcap
+    p = target_logits.softmax(dim=-1)
+    draft_logits = head.logits(predicted, p.shape[-1])
+    q = draft_logits.softmax(dim=-1)
+    alpha = torch.minimum(p, q).sum(-1).mean()
+    greedy = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return {"alpha": float(alpha), "greedy_match": float(greedy)}

@@ -1,0 +1,205 @@
+"""The trained draft head (specdec.draft.head): exact with a reduced vocabulary, reading the right features, and
+trainable.
+
+- Greedy output equals the target's on every tiny architecture, one row and a batch.
+- Chi-square with power on the 5-token pair: the head with a 3-token draft vocabulary keeps the target's
+  distribution; a deliberately wrong variant (samples from the subset, reports the full-vocabulary softmax as q)
+  is rejected by the same test.
+- The target's features follow its cache slots (crops, tree compaction, batch rows), and the head's incremental
+  drafting equals a recomputation from scratch.
+- A few training steps on a tiny target raise its acceptance; save and load keep the head.
+"""
+
+import pytest
+import torch
+from fakes import GREEDY_PROMPT
+from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
+
+from specdec import (
+    GREEDY,
+    ModelTreeDrafter,
+    Sampling,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
+from specdec.draft.head import DraftHead, frequency_ranked, load_head, save_head
+from specdec.draft.head_drafter import HeadDrafter
+from specdec.exact import sequence_distribution
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.tiny import perturbed_copy, tiny_model
+from specdec.sampling import probabilities
+from specdec.train.head import chunked, first_token_acceptance, head_loss, restricted_labels, teacher_pass
+
+PROMPT = torch.tensor([[0, 3, 1]])
+N_TOKENS = 3
+
+
+def random_head(target, vocab=None, seed=0) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(target, layers=1, vocab=vocab)
+
+
+def test_head_greedy_equals_target_greedy_on_every_architecture(arch_case):
+    _, target, _, expected = arch_case
+    head = random_head(target, vocab=torch.arange(0, 32, 2))
+    for k in (1, 4):
+        out = speculative_generate(target, HeadDrafter(head), GREEDY_PROMPT, k=k, sampling=GREEDY,
+                                   max_new_tokens=expected.numel())
+        assert torch.equal(out.tokens, expected)
+
+
+def test_head_greedy_in_a_batch_equals_each_row_alone(trained_tiny):
+    target, head = trained_tiny
+    prompts = [GREEDY_PROMPT[0], GREEDY_PROMPT[0, :2], torch.tensor([4, 9, 4, 9, 4])]
+    out = speculative_generate(target, HeadDrafter(head), prompts, k=3, sampling=GREEDY, max_new_tokens=12)
+    for b, prompt in enumerate(prompts):
+        alone = autoregressive_generate(target, prompt[None], sampling=GREEDY, max_new_tokens=12).tokens
+        assert torch.equal(out[b].tokens, alone)
+    assert out.stats.accepted > 0  # the trained head's drafts are accepted in part: rollback and catch-up run
+
+
+class FullSoftmaxHead(HeadDrafter):
+    """Wrong on purpose: samples from the subset S but reports q = softmax(W f^) over the whole vocabulary."""
+
+    def propose_row(self, sequence, k, sampling, vocab_size, generator):
+        draft = super().propose_row(sequence, k, sampling, vocab_size, generator)
+        wrong = torch.stack([probabilities(self.full_logits[i], sampling) for i in range(draft.size)])
+        return type(draft)(draft.tokens, wrong, draft.forwards)
+
+    def catch_up(self, features, tokens, cached):
+        predicted = super().catch_up(features, tokens, cached)
+        self.full_logits = [predicted[0] @ self.head.whole_output.T]
+        return predicted
+
+    def step(self, predicted, token, position):
+        predicted = super().step(predicted, token, position)
+        self.full_logits.append(predicted[0] @ self.head.whole_output.T)
+        return predicted
+
+
+def head_counts(target, drafter, sampling, k, seed):
+    def generate(g):
+        return speculative_generate(target, drafter, PROMPT, k=k, sampling=sampling, max_new_tokens=N_TOKENS,
+                                    generator=g).tokens
+
+    return sample_counts(generate, 5, N_TOKENS, seed=seed)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), pytest.param(Sampling(0.7, top_p=0.9), marks=pytest.mark.exhaustive)],
+                         ids=["T1", "T0.7-top_p0.9"])
+def test_head_with_a_reduced_vocabulary_keeps_the_target_distribution(small_vocab_pair, sampling):
+    target, _ = small_vocab_pair
+    head = random_head(target, vocab=torch.tensor([3, 0, 2]))
+    counts = head_counts(target, HeadDrafter(head), sampling, 2, seed=5)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
+
+
+def test_full_softmax_in_the_ratio_is_caught(small_vocab_pair):
+    target, _ = small_vocab_pair
+    head = random_head(target, vocab=torch.tensor([3, 0, 2]))
+    head.whole_output = target.get_output_embeddings().weight.detach()  # W: the whole output layer
+    sampling = Sampling(1.0)
+    counts = head_counts(target, FullSoftmaxHead(head), sampling, 2, seed=5)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT
+
+
+def fresh_features(target, tokens: torch.Tensor) -> torch.Tensor:
+    """The target's features over tokens (L,), from one pass of a new cache."""
+    return teacher_pass(target, tokens)[0]
+
+
+def test_features_follow_the_cache_through_chains_batches_and_trees():
+    target = tiny_model("llama", seed=0, scale=20.0)
+    head = random_head(target)
+    lm = CachedLM(target)
+    prompts = [GREEDY_PROMPT[0], torch.tensor([2, 7, 2, 7])]
+    out = speculative_generate(target, HeadDrafter(head), prompts, k=3, sampling=Sampling(1.0), max_new_tokens=9,
+                               generator=torch.Generator().manual_seed(0), cache=lm)
+    for b, features in enumerate(lm.row_features()):
+        sequence = torch.cat([prompts[b], out[b].tokens])
+        torch.testing.assert_close(features, fresh_features(target, sequence)[: features.shape[0]])
+    lm = CachedLM(target)
+    lm.keep_features()
+    drafter = ModelTreeDrafter(perturbed_copy(target, 0.3), branches=(2, 2), depth=3)
+    out = tree_generate(target, drafter, GREEDY_PROMPT, sampling=Sampling(1.0), max_new_tokens=12, cache=lm,
+                        generator=torch.Generator().manual_seed(0))
+    sequence = torch.cat([GREEDY_PROMPT[0], out.tokens])
+    assert out.stats.accepted > 0  # a tree's accepted path was compacted into the cache
+    torch.testing.assert_close(lm.row_features()[0], fresh_features(target, sequence)[: sequence.numel() - 1])
+
+
+class Recording(HeadDrafter):
+    def propose_row(self, sequence, k, sampling, vocab_size, generator):
+        draft = super().propose_row(sequence, k, sampling, vocab_size, generator)
+        self.log.append((sequence[0].clone(), draft.q[:1].clone()))
+        return draft
+
+
+def test_incremental_drafting_equals_recomputation(trained_tiny):
+    """The head's first q of every round equals the head run from scratch over fresh target features."""
+    target, head = trained_tiny
+    drafter = Recording(head)
+    drafter.log = []
+    speculative_generate(target, drafter, GREEDY_PROMPT, k=3, sampling=Sampling(1.0), max_new_tokens=15,
+                         generator=torch.Generator().manual_seed(1))
+    assert len(drafter.log) >= 3
+    for sequence, q in drafter.log:
+        features = fresh_features(target, sequence)[:-1]  # every position but the last
+        positions = torch.arange(features.shape[0])[None]
+        with torch.no_grad():
+            predicted = head(features[None], sequence[None, 1:], positions)[:, -1]
+        torch.testing.assert_close(probabilities(head.logits(predicted), Sampling(1.0)), q, atol=1e-5, rtol=1e-4)
+
+
+def test_training_raises_acceptance_and_the_head_saves_and_loads(trained_tiny, tmp_path):
+    target, head = trained_tiny
+    assert head.trained_alpha > head.untrained_alpha + 0.1
+    loaded = load_head(save_head(head, tmp_path).parent, target)
+    features = torch.randn(1, 4, target.config.hidden_size)
+    tokens, positions = torch.tensor([[1, 2, 3, 4]]), torch.arange(4)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features, tokens, positions), head(features, tokens, positions))
+    assert torch.equal(loaded.vocab, head.vocab)
+
+
+def test_restricted_labels_keep_the_teachers_mass_on_the_subset():
+    target = tiny_model("llama", seed=0, vocab_size=6)
+    head = random_head(target, vocab=torch.tensor([4, 1]))
+    ids, probs = torch.tensor([[1, 2, 4]]), torch.tensor([[0.5, 0.3, 0.1]])
+    torch.testing.assert_close(restricted_labels(head, ids, probs), torch.tensor([[0.1, 0.5]]))
+    assert frequency_ranked(torch.tensor([3, 9, 0, 5]), 2).tolist() == [1, 3]
+    assert frequency_ranked(torch.tensor([3, 9]), 8) is None
+
+
+def test_bad_draft_vocabularies_are_refused():
+    target = tiny_model("llama", seed=0, vocab_size=6)
+    for vocab in (torch.tensor([1, 1]), torch.tensor([7]), torch.tensor([], dtype=torch.long)):
+        with pytest.raises(ValueError, match="distinct token ids below 6"):
+            DraftHead(target, vocab=vocab)
+
+
+@pytest.fixture(scope="module")
+def trained_tiny():
+    """A tiny llama target and a head trained for 150 steps on its own greedy continuations of random prompts."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(24):
+        prompt = torch.randint(32, (1, 4), generator=generator)
+        text = torch.cat([prompt[0], autoregressive_generate(target, prompt, sampling=Sampling(1.0), max_new_tokens=28,
+                                                             generator=generator).tokens])
+        rows.append((text, *teacher_pass(target, text)))
+    train, validation = chunked(rows, 16).split(8)
+    head = random_head(target, vocab=frequency_ranked(torch.bincount(train.tokens.flatten(), minlength=32), 24))
+    untrained = first_token_acceptance(head, validation.batch(slice(None)), target.get_output_embeddings().weight)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    for _ in range(150):
+        head.train()
+        loss, _ = head_loss(head, train.batch(torch.randint(len(train), (8,), generator=generator)), ce_weight=1.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    trained = first_token_acceptance(head, validation.batch(slice(None)), target.get_output_embeddings().weight)
+    head.untrained_alpha, head.trained_alpha = untrained["alpha"], trained["alpha"]
+    return target, head.eval()
