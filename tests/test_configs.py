@@ -48,7 +48,12 @@ def test_every_group_has_options() -> None:
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
-def test_option_composes_and_validates(group: str, option: str, make_cfg) -> None:
+def test_option_composes_and_validates(group: str, option: str, make_cfg, monkeypatch, tmp_path) -> None:
+    if (group, option) == ("model", "smollm2_head"):  # needs a trained head: refused, with the fix, where none is
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+        with pytest.raises(ConfigError, match="no draft head is trained for this target"):
+            validate(make_cfg("model=smollm2_head"))
+        return
     extra = {"tree": ["model=smollm2_weak"], "hf": ["k=4"]}.get(group, [])  # hf: Hugging Face drafts a fixed k
     extra += {("verify", "traversal"): ["tree=ngram"]}.get((group, option), [])  # verifies trees
     cfg = make_cfg(f"{group}={option}", *extra)

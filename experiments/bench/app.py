@@ -38,6 +38,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specdec.draft.head_drafter import HeadDrafter
 from specdec.draft.ngram import NGramDrafter
 from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
 from specdec.runtime.models import encode_prompt
@@ -76,12 +77,14 @@ class Contender:
 
     @property
     def drafts(self) -> str | None:
-        """What drafts: a model, a lookup (ngram), both (hybrid), or nothing (target only)."""
+        """What drafts: a model, a trained head, a lookup (ngram), both (hybrid), or nothing (target only)."""
         if self.method == "hf":
             return "model" if self.setup.hf.assistant else "ngram" if self.setup.hf.prompt_lookup else None
         if self.method == "autoregressive":
             return None
         drafter = self.setup.drafter
+        if isinstance(drafter, HeadDrafter):
+            return "head"
         return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(drafter, LOOKUPS) else "model"
 
     @property

@@ -40,6 +40,12 @@ GOALS: dict[str, float | dict[str, float]] = {
     # at the same batch size; the worst batch size must not lose, batch 4 must gain
     "batched_min_vs_target_only": 0.97,
     "batched_b4_vs_target_only": 1.15,
+    # bench=heads: the best trained-head configuration over the best copy-draft configuration (tokens/s, same run)
+    "head_vs_best_copy": 1.15,
+    # bench=heads: the best head configuration's tokens per target pass with a fixed k, greedy
+    "head_tokens_per_pass": 2.5,
+    # bench=heads with model=gemma3 heads: the best head over target-only
+    "gemma3_head_vs_target_only": 1.40,
 }
 # Ratios bench.json still reports but no longer holds to a target (retired goals): ours over Hugging Face's
 # at the same k and draft (speedup_vs_hf_assisted, speedup_vs_hf_prompt_lookup), measured over Thm 3.8

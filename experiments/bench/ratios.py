@@ -8,6 +8,7 @@ import math
 from specdec.theory import walltime_improvement
 
 from .figures import decode_rate, geomean
+from .heads import head_ratios
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
@@ -63,6 +64,7 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     out["spec_ngram_vs_ar"] = f.tps("spec_ngram") / f.tps("ar")
     out.update(rule_ratios(f))
     out.update(other_ratios(f, result))
+    out.update(head_ratios(f, result))
     chosen, goals = goal_ratios(f)
     out.update(goals)
     result["best"] = chosen

@@ -30,6 +30,7 @@ from specdec.draft.switch import DraftSwitch
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
+from .heads import trained_candidates, with_target
 from .runtime import on_runtime
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
@@ -175,7 +176,8 @@ def calibrated(
     """Build every candidate, calibrate, and keep the best KEEP_CANDIDATES of them behind a DraftSwitch (the
     chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
     specdec.choose.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
-    drafters = {name: instantiate(node) for name, node in candidates_of(cfg).items()}
+    candidates = trained_candidates(candidates_of(cfg))
+    drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     for drafter in drafters.values():
         on_runtime(cfg, getattr(drafter, "model", None), draft=True)
     result = calibrate(
@@ -218,7 +220,7 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
                      calibration)  # fmt: skip
     node = draft_node(cfg)
     with offline_hint():
-        drafter = instantiate(node)
+        drafter = instantiate(node, **with_target(node, lambda: target().model))
     model = getattr(drafter, "model", None)
     on_runtime(cfg, model, draft=True)
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)

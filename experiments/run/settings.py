@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.sampling import Sampling
 
 from ..records import REPO_ROOT
+from .heads import trained_candidates
 from .schema import AUTO, Method, RunConfig
 
 CONF_DIR = REPO_ROOT / "conf"  # the config tree at the repository's root
@@ -166,7 +167,7 @@ def check_target(node: object, key: str) -> None:
         raise ConfigError(f"{key} must name a drafter class with _target_ (see conf/draft/ and conf/tree/), got {node!r}")
     takes_model = "model" in node or OmegaConf.is_missing(node, "model")
     stand_ins = {"model": StandInModel()} if takes_model else {}
-    stand_ins |= {key: StandInModel() for key in ("draft_tokenizer", "target_tokenizer") if key in node}  # nor
+    stand_ins |= {key: StandInModel() for key in ("draft_tokenizer", "target_tokenizer", "target") if key in node}  # nor
     # tokenizers: a cross-vocabulary drafter's (specdec.draft.cross_vocab) load in seconds
     try:
         instantiate(node, **stand_ins)
@@ -183,9 +184,10 @@ def check_drafters(cfg: DictConfig) -> None:
     candidates = candidates_of(cfg)
     if candidates is None:
         check_target(cfg.model.draft, "model.draft")
-    elif not candidates:
-        raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate")
-    for name, node in (candidates or {}).items():
+    elif not trained_candidates(candidates):
+        raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate (a head counts once "
+                          "trained)")
+    for name, node in trained_candidates(candidates or {}).items():
         check_target(node, f"model.draft.candidates.{name}")
     if cfg.tree:
         check_target(cfg.tree, "tree")

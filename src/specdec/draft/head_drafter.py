@@ -102,6 +102,9 @@ class HeadDrafter(RowDrafter):
         self.synced = min(self.synced, max(length - 1, 0))
 
 
-def load_head_drafter(target: PreTrainedModel, checkpoint: str) -> HeadDrafter:
+def load_head_drafter(target: PreTrainedModel, checkpoint: str | None) -> HeadDrafter:
     """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`."""
+    if checkpoint is None:
+        raise ValueError("no draft head is trained for this target: train one with `python -m "
+                         "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
     return HeadDrafter(load_head(checkpoint, target))

@@ -1,0 +1,38 @@
+"""The trained head's keys of bench.json (bench=heads): the best head over the best copy, the head's draft cost c,
+and its tokens per target pass.
+
+A contender drafts with a head when its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders
+whose draft is a model (`drafts: model`).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def head_c(contender: dict, target_step_ms: float) -> float:
+    """The head's draft cost per token in target steps: its drafting seconds (catch-up on the target's new
+    features included) per drafted token, over one target step."""
+    stats = contender["stats"]
+    if not stats.get("draft_forwards") or not target_step_ms:
+        return math.nan
+    return stats["seconds"]["draft"] / stats["draft_forwards"] / (target_step_ms / 1000)
+
+
+def head_ratios(f, result: dict) -> dict[str, float]:
+    """head_vs_best_copy, head_c and head_tokens_per_pass (of the best head contender with a fixed k), when the
+    bench ran a head; `f` is the bench's ratios.Figures."""
+    heads, copies = f.group("ours", "head"), f.group("ours", "model")
+    if not heads:
+        return {}
+    best = f.best(heads)
+    fixed = [n for n in heads if isinstance(f.c[n]["k"], int)]
+    chain = f.best(fixed) if fixed else best
+    stats = f.c[chain]["stats"]
+    step_ms = (result.get("costs") or {}).get("target_step_ms")
+    return {
+        "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,
+        "head_c": head_c(f.c[best], step_ms),
+        "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
+        "head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
+    }

@@ -1,0 +1,36 @@
+"""Trained draft heads in a pair (conf/draft/head.yaml, whose `${trained_head:<target>}` finds the latest head
+trained for the target: experiments.train_draft.store), and the target model a head node is built with.
+
+A calibrated pair lists the head among its candidates only when one is trained for its target; asked for by name
+(`model.draft=head` or a pair whose drafter is the head) without one, the run stops before loading anything.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def is_head(node: DictConfig) -> bool:
+    """A drafter node that drafts with a trained head (it takes the pair's target)."""
+    return OmegaConf.is_dict(node) and "checkpoint" in node and "target" in node
+
+
+def with_target(node: DictConfig, target) -> dict:
+    """instantiate's extra arguments for a node: the target model for a head node (target: a callable giving
+    it, so that it loads only when a head needs it)."""
+    return {"target": target()} if is_head(node) else {}
+
+
+def trained_candidates(candidates: DictConfig) -> dict[str, DictConfig]:
+    """The candidates to calibrate: a head only when one is trained for the target."""
+    kept = {}
+    for name, node in candidates.items():
+        if is_head(node) and node.checkpoint is None:
+            log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
+            continue
+        kept[name] = node
+    return kept

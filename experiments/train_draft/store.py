@@ -1,0 +1,81 @@
+"""Where trained heads live: one folder per (target, data, head and training settings) under the project's cache
+(specdec.runtime.offline.cache_dir()/heads), so a run with the same settings finds its head, its teacher data and its
+last checkpoint again.
+
+A folder holds checkpoint.pt (the head, the optimizer, the step and the learning curve, rewritten every
+train.checkpoint_every steps: an interrupted run resumes from it), then head.pt and meta.json once training finished.
+The teacher data of one (target, data) pair is shared by every head trained on it (teacher-<key>.pt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specdec.runtime.offline import cache_dir
+
+META = "meta.json"
+CHECKPOINT = "checkpoint.pt"
+
+
+def heads_dir() -> Path:
+    return cache_dir() / "heads"
+
+
+def digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+
+
+def data_key(cfg: DictConfig) -> str:
+    """The target and the data settings: what the teacher data depends on."""
+    return digest(cfg.model.target.name, cfg.model.dtype, OmegaConf.to_container(cfg.data, resolve=True))
+
+
+def head_folder(cfg: DictConfig) -> Path:
+    """The folder of the head these settings train."""
+    settings = [OmegaConf.to_container(cfg[k], resolve=True) for k in ("head", "train")]
+    return heads_dir() / slug(cfg.model.target.name) / f"{data_key(cfg)}-{digest(settings)}"
+
+
+def teacher_file(cfg: DictConfig) -> Path:
+    return heads_dir() / slug(cfg.model.target.name) / f"teacher-{data_key(cfg)}.pt"
+
+
+def save_atomically(value: object, path: Path) -> None:
+    """torch.save to a side file, then renamed over path: an interruption never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    torch.save(value, partial)
+    partial.replace(path)
+
+
+def trained_heads(target_name: str) -> list[Path]:
+    """Folders of the finished heads for this target, the most recently finished first."""
+    folders = [m.parent for m in (heads_dir() / slug(target_name)).glob(f"*/{META}")]
+    return sorted(folders, key=lambda f: (f / META).stat().st_mtime, reverse=True)
+
+
+def resolve_checkpoint(checkpoint: str | None, target_name: str) -> str | None:
+    """A head folder as configured, or for `auto` the latest finished head for the target (None: none trained)."""
+    if checkpoint not in (None, "auto"):
+        return checkpoint
+    heads = trained_heads(target_name)
+    return str(heads[0]) if heads else None
+
+
+def trained_head(target_name: str) -> str | None:
+    """`${trained_head:<target>}` in a config: the folder of the latest head trained for the target, or None."""
+    return resolve_checkpoint("auto", target_name)
+
+
+if not OmegaConf.has_resolver("trained_head"):
+    OmegaConf.register_new_resolver("trained_head", trained_head)
