@@ -14,7 +14,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_derivation", "02_article_vs_speculative", "03_results"]
+NAMES = ["01_derivation", "02_article_vs_speculative", "03_results", "04_draft_heads"]
 
 
 def test_every_notebook_is_listed():

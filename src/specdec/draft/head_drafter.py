@@ -66,7 +66,7 @@ class HeadDrafter(RowDrafter):
     def propose_row(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> Draft:
-        features = self.source.row_features()[self.row]  # (L - 1, d): every position but the last
+        features = self.source.row_features(self.row)  # (L - 1, d): every position but the last
         cached = features.shape[0]
         if cached == 0 or k == 0:
             return Draft.empty(vocab_size, sequence.device)

@@ -84,9 +84,11 @@ class CachedLM:
         if self.features is None and not self.slots:
             self.features = FeatureStore()
 
-    def row_features(self) -> list[torch.Tensor]:
-        """Each row's features (L_b, d) at its cached positions 0..L_b - 1, in order (after keep_features)."""
-        return self.features.rows_of(self.positions != DEAD)
+    def row_features(self, row: int | None = None) -> list[torch.Tensor] | torch.Tensor:
+        """Each row's features (L_b, d) at its cached positions 0..L_b - 1, in order (after keep_features); or the
+        one row's."""
+        live = self.positions != DEAD
+        return self.features.rows_of(live) if row is None else self.features.rows_of(live, [row])[0]
 
     @property
     def stores(self) -> list:

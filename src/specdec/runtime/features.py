@@ -31,12 +31,14 @@ class FeatureStore(GrowingLayer):
             keys = self.keys.gather(2, index[:, None, :, None].expand(-1, 1, -1, self.keys.shape[-1]))
             self.take(keys, keys[..., :0])
 
-    def rows_of(self, live: torch.Tensor) -> list[torch.Tensor]:
-        """Each row's features at its live slots (live: (B, S) bool), in slot order: row b's (L_b, d)."""
+    def rows_of(self, live: torch.Tensor, rows: list[int] | None = None) -> list[torch.Tensor]:
+        """Rows' features at their live slots (live: (B, S) bool), in slot order: row b's (L_b, d), for every row or
+        the rows listed."""
+        rows = range(live.shape[0]) if rows is None else rows
         if not self.held():
-            return [torch.zeros(0, 0) for _ in range(live.shape[0])]
+            return [torch.zeros(0, 0) for _ in rows]
         features = self.keys[:, 0]  # (B, S, d)
-        return [features[b][live[b]] for b in range(live.shape[0])]
+        return [features[b][live[b]] for b in rows]
 
 
 def last_hidden_state(model: PreTrainedModel) -> torch.nn.Module:
