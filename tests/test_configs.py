@@ -33,6 +33,9 @@ CONF = ROOT / "conf"
 GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "verify", "experiment")
 
 
+NEEDS_A_TRAINED_HEAD = {("model", "smollm2_head"), ("tree", "head")}  # experiments.train_draft makes one
+
+
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
@@ -49,10 +52,10 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_option_composes_and_validates(group: str, option: str, make_cfg, monkeypatch, tmp_path) -> None:
-    if (group, option) == ("model", "smollm2_head"):  # needs a trained head: refused, with the fix, where none is
+    if (group, option) in NEEDS_A_TRAINED_HEAD:  # refused, with the fix, where none is trained
         monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
         with pytest.raises(ConfigError, match="no draft head is trained for this target"):
-            validate(make_cfg("model=smollm2_head"))
+            validate(make_cfg(f"{group}={option}"))
         return
     extra = {"tree": ["model=smollm2_weak"], "hf": ["k=4"]}.get(group, [])  # hf: Hugging Face drafts a fixed k
     extra += {("verify", "traversal"): ["tree=ngram"]}.get((group, option), [])  # verifies trees
@@ -134,7 +137,7 @@ def test_auto_and_tree_pairs(make_cfg) -> None:
         assert pair_key(cfg) == pair_key(base)  # same weights: a sweep over them loads the pair once
 
 
-@pytest.mark.parametrize("option", [o for o in options("tree") if o != "none"])
+@pytest.mark.parametrize("option", [o for o in options("tree") if o != "none" and ("tree", o) not in NEEDS_A_TRAINED_HEAD])
 def test_tree_options_validate_with_a_draft_model(option: str, make_cfg) -> None:
     cfg = make_cfg(f"tree={option}", "model=smollm2_weak")
     validate(cfg)

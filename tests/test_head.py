@@ -19,12 +19,14 @@ from specdec import (
     GREEDY,
     ModelTreeDrafter,
     Sampling,
+    TraversalVerification,
+    TreeRules,
     autoregressive_generate,
     speculative_generate,
     tree_generate,
 )
 from specdec.draft.head import DraftHead, frequency_ranked, load_head, save_head
-from specdec.draft.head_drafter import HeadDrafter
+from specdec.draft.head_drafter import HeadDrafter, HeadTreeDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.tiny import perturbed_copy, tiny_model
@@ -203,3 +205,36 @@ def trained_tiny():
     trained = first_token_acceptance(head, validation.batch(slice(None)), target.get_output_embeddings().weight)
     head.untrained_alpha, head.trained_alpha = untrained["alpha"], trained["alpha"]
     return target, head.eval()
+
+
+def test_head_tree_greedy_equals_target_greedy_on_every_architecture(arch_case):
+    _, target, _, expected = arch_case
+    drafter = HeadTreeDrafter(random_head(target, vocab=torch.arange(0, 32, 2)), branches=(2, 2), depth=4, nodes=8)
+    out = tree_generate(target, drafter, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=expected.numel())
+    assert torch.equal(out.tokens, expected)
+
+
+@pytest.mark.parametrize("children, rule", [("iid", TraversalVerification),
+                                            pytest.param("top", TreeRules, marks=pytest.mark.exhaustive)])
+def test_head_tree_with_a_reduced_vocabulary_keeps_the_target_distribution(small_vocab_pair, children, rule):
+    target, _ = small_vocab_pair
+    drafter = HeadTreeDrafter(random_head(target, vocab=torch.tensor([3, 0, 2])), branches=(2,), depth=2, nodes=3,
+                              children=children)
+    sampling = Sampling(1.0)
+
+    def generate(g):
+        return tree_generate(target, drafter, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+                             acceptance=rule()).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=7)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
+
+
+def test_head_tree_paths_equal_the_chain_drafts(trained_tiny):
+    """A one-child-per-node tree of the head is the head's greedy chain: the same tokens, rounds and acceptances."""
+    target, head = trained_tiny
+    chain = speculative_generate(target, HeadDrafter(head), GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=15)
+    tree = tree_generate(target, HeadTreeDrafter(head, branches=(1,), depth=3, nodes=3), GREEDY_PROMPT,
+                         sampling=GREEDY, max_new_tokens=15)
+    assert torch.equal(tree.tokens, chain.tokens)
+    assert tree.stats.accepted == chain.stats.accepted > 0

@@ -58,6 +58,7 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
 
     assert store.trained_heads("random:tiny-target") == [folder]
     validate(make_cfg("model=tiny_random", "draft@model.draft=head"))  # the pair finds the trained head
+    validate(make_cfg("model=tiny_random", "tree=head"))
 
 
 def test_sharegpt_reading_stops_at_the_last_whole_record():

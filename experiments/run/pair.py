@@ -234,12 +234,11 @@ def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
     no wider than the pass limit."""
     if needs_draft_model(cfg.tree) and pair.draft_model is None:
         raise ConfigError(f"{cfg.tree._target_} needs a draft model, but this pair loaded none: use tree=ngram")
-    drafter = instantiate(cfg.tree, **({"model": pair.draft_model} if needs_draft_model(cfg.tree) else {}))
+    drafter = instantiate(cfg.tree, **({"model": pair.draft_model} if needs_draft_model(cfg.tree) else
+                                       with_target(cfg.tree, lambda: pair.target)))
     if drafter.most_nodes > max_nodes:
-        raise ConfigError(
-            f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but max_nodes="
-            f"{max_nodes}: lower tree.nodes or raise max_nodes"
-        )
+        raise ConfigError(f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but "
+                          f"max_nodes={max_nodes}: lower tree.nodes or raise max_nodes")
     return drafter
 
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..checks import check_counts
 from ..runtime.cached import CachedLM
 from ..sampling import Sampling, probabilities, sample
 from .base import RowDrafter
 from .head import DraftHead, load_head
 from .proposal import Draft, RowProposals
+from .tree import TreeDraft, empty_tree
+from .tree_growth import grow_tree
+from .trees import CHILDREN
 
 
 class HeadDrafter(RowDrafter):
@@ -84,14 +88,18 @@ class HeadDrafter(RowDrafter):
     def catch_up(self, features: torch.Tensor, tokens: torch.Tensor, cached: int) -> torch.Tensor:
         """Read (f_i, x_{i+1}) for the positions not read yet (at least the last one); f^ at the last (1, d)."""
         start = min(self.synced, cached - 1)
-        surplus = self.cache.get_seq_length() - start
-        if surplus > 0:
-            self.cache.crop(-surplus)  # transformers' crop takes the number of positions to drop, negated
+        self.crop_to(start)
         positions = torch.arange(start, cached, device=features.device)[None]  # (1, n)
         predicted = self.head(features[None, start:cached], tokens[None, start + 1 : cached + 1], positions,
                               self.cache)
         self.synced = cached
         return predicted[:, -1]
+
+    def crop_to(self, length: int) -> None:
+        """Keep the first `length` positions of the head's cache."""
+        surplus = self.cache.get_seq_length() - length
+        if surplus > 0:
+            self.cache.crop(-surplus)  # transformers' crop takes the number of positions to drop, negated
 
     def step(self, predicted: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
         """One drafting step on the head's own prediction: (f^, x) at `position` -> the next f^ (1, d)."""
@@ -102,9 +110,73 @@ class HeadDrafter(RowDrafter):
         self.synced = min(self.synced, max(length - 1, 0))
 
 
+class HeadTreeDrafter(HeadDrafter):
+    """Token trees from a DraftHead (EAGLE-2's idea: branch where the head is unsure): `branches[d]` children per
+    node at depth d, picked by `children` ("top": the b most likely, one-hot q; "iid": b draws from q; "distinct":
+    without replacement), then the most likely branch as a chain; at most `nodes` nodes and `depth` depth
+    (specdec.draft.tree_growth). A node's children need the head's prediction for its path: the head's cache holds
+    the sequence's true positions and the path fed last; another path crops it back to their common prefix."""
+
+    def __init__(self, head: DraftHead, branches: tuple[int, ...] = (2,), depth: int = 4, nodes: int = 16,
+                 children: str = "top"):
+        if children not in CHILDREN:
+            raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
+        check_counts(depth=depth, nodes=nodes, **{f"branches[{i}]": b for i, b in enumerate(branches)})
+        super().__init__(head)
+        self.branches, self.depth, self.nodes, self.mode = tuple(branches), depth, nodes, CHILDREN[children]
+
+    @property
+    def most_nodes(self) -> int:
+        return self.nodes
+
+    def fork(self) -> HeadTreeDrafter:
+        twin = HeadTreeDrafter(self.head, self.branches, self.depth, self.nodes)
+        twin.mode, twin.source = self.mode, self.source
+        return twin
+
+    @torch.inference_mode()
+    def propose_row(
+        self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> TreeDraft:
+        features = self.source.row_features(self.row)  # (L - 1, d)
+        depth = min(self.depth, depth)
+        if features.shape[0] == 0 or depth == 0:
+            return empty_tree(vocab_size, sequence.device)
+        self.cached = features.shape[0]
+        self.predicted = {(): self.catch_up(features, sequence[0], self.cached)}  # path -> f^ of its last token
+        self.fed: tuple[int, ...] = ()  # the path whose head states follow the sequence's in the head's cache
+        return grow_tree(self, sequence, depth, sampling, vocab_size, generator)
+
+    def logits_after(self, sequence: torch.Tensor, path: list[int]) -> torch.Tensor:
+        """The head's logits (V,) for the token after the sequence followed by path."""
+        path = tuple(path)
+        if path not in self.predicted:
+            self.feed(path)
+        return self.head.logits(self.predicted[path][0], self.vocab_size)
+
+    def feed(self, path: tuple[int, ...]) -> None:
+        """Predict the features of path's prefixes the head has not read: crop its cache to the prefix shared with
+        the path fed last, then read (f^ of each prefix, its next token) in one forward."""
+        common = next((i for i, (a, b) in enumerate(zip(self.fed, path)) if a != b), min(len(self.fed), len(path)))
+        common = min(common, len(path) - 1)
+        self.crop_to(self.cached + common)
+        inputs = torch.cat([self.predicted[path[:i]] for i in range(common, len(path))])  # (n, d)
+        tokens = torch.tensor([path[common:]], device=inputs.device)
+        positions = torch.arange(self.cached + common, self.cached + len(path), device=inputs.device)[None]
+        out = self.head(inputs[None], tokens, positions, self.cache)[0]  # (n, d)
+        for i in range(common, len(path)):
+            self.predicted[path[: i + 1]] = out[i - common][None]
+        self.fed = path
+
+
 def load_head_drafter(target: PreTrainedModel, checkpoint: str | None) -> HeadDrafter:
     """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`."""
     if checkpoint is None:
         raise ValueError("no draft head is trained for this target: train one with `python -m "
                          "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
     return HeadDrafter(load_head(checkpoint, target))
+
+
+def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, **shape) -> HeadTreeDrafter:
+    """A HeadTreeDrafter of the given shape (branches, depth, nodes, children) with the head in `checkpoint`."""
+    return HeadTreeDrafter(load_head_drafter(target, checkpoint).head, **shape)

@@ -15,21 +15,15 @@ from transformers import PreTrainedModel
 
 from ..checks import check_counts, check_ngram_range
 from ..runtime.cached import CachedLM, logits_width
-from ..sampling import Sampling, probabilities, sample
+from ..sampling import Sampling
 from ..verify.tree import DETERMINISTIC, DISTINCT, IID
 from .base import Drafter, RowDrafter, share_cache
 from .model import TargetStates
 from .proposal import RowProposals
 from .tree import TreeDraft, chain, empty_tree, merge
+from .tree_growth import grow_tree, one_hot, pick_children
 
 CHILDREN = {"top": DETERMINISTIC, "iid": IID, "distinct": DISTINCT}  # how a model drafter picks siblings
-
-
-def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(n,) -> (n, V) rows of q for deterministic candidates."""
-    q = torch.zeros(tokens.numel(), vocab_size, device=tokens.device)
-    q[torch.arange(tokens.numel(), device=tokens.device), tokens] = 1.0
-    return q
 
 
 def deterministic_tree(tokens: list[int], parents: list[int], vocab_size: int, device: torch.device) -> TreeDraft:
@@ -205,23 +199,7 @@ class ModelTreeDrafter(RowDrafter):
         return self.feed(full[:, self.lm.length :], last_only=True)[-1]
 
     def pick(self, logits: torch.Tensor, b: int, sampling: Sampling, vocab_size: int, generator) -> tuple:
-        """b children of one node: tokens (b',), q rows (b', V); b' < b when q has fewer tokens to draw."""
-        logits = logits[:vocab_size]
-        if self.mode == DETERMINISTIC:
-            tokens = logits.topk(min(b, vocab_size)).indices
-            return tokens, one_hot(tokens, vocab_size)
-        q = probabilities(logits, sampling)  # (V,)
-        if self.mode == IID:
-            return sample(q.expand(b, -1), generator), q.expand(b, -1)
-        tokens, rows = [], []
-        for _ in range(min(b, int((q > 0).sum()))):  # without replacement: q_{i+1} = q_i without x_i
-            x = sample(q[None], generator)
-            tokens.append(x)
-            rows.append(q)
-            q = q.clone()
-            q[x] = 0.0
-            q = q / q.sum()
-        return torch.cat(tokens), torch.stack(rows)
+        return pick_children(logits, b, self.mode, sampling, vocab_size, generator)
 
     def propose_row(
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
@@ -232,48 +210,7 @@ class ModelTreeDrafter(RowDrafter):
         if self.states.target is not None:
             self.states.copy_into(self.lm)
             self.fed = sequence[:, : self.lm.length].to(self.fed.device)
-        tokens, parents, rows, modes, paths, score = [], [], [], [], {-1: []}, {-1: 0.0}
-        frontier, forwards = [-1], 0
-        for level in range(min(len(self.branches), depth)):
-            grown = []
-            for node in frontier:
-                room = self.nodes - len(tokens)
-                if room <= 0:
-                    break
-                logits = self.logits_after(sequence, paths[node])
-                forwards += 1
-                picked, q = self.pick(logits, min(self.branches[level], room), sampling, vocab_size, generator)
-                logq = logits[:vocab_size].float().log_softmax(-1)
-                for x, row in zip(picked.tolist(), q):
-                    paths[len(tokens)] = paths[node] + [x]
-                    score[len(tokens)] = score[node] + float(logq[x])
-                    grown.append(len(tokens))
-                    tokens.append(x)
-                    parents.append(node)
-                    rows.append(row)
-                    modes.append(self.mode)
-            frontier = grown
-        if frontier:  # extend the most likely branch as a chain: one child per node
-            parent = max(frontier, key=score.get)
-            while len(paths[parent]) < depth and len(tokens) < self.nodes:
-                logits = self.logits_after(sequence, paths[parent])
-                forwards += 1
-                picked, q = self.pick(logits, 1, sampling, vocab_size, generator)
-                node, x = len(tokens), int(picked[0])
-                paths[node] = paths[parent] + [x]
-                tokens.append(x)
-                parents.append(parent)
-                rows.append(q[0])
-                modes.append(self.mode)
-                parent = node
-        device = sequence.device
-        return TreeDraft(
-            torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.tensor(parents, dtype=torch.long, device=device),
-            torch.stack(rows).to(device) if rows else torch.zeros(0, vocab_size, device=device),
-            torch.tensor(modes, dtype=torch.long, device=device),
-            forwards,
-        )
+        return grow_tree(self, sequence, depth, sampling, vocab_size, generator)
 
 
 class HybridTreeDrafter(ModelTreeDrafter):
