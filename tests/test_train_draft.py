@@ -65,3 +65,32 @@ def test_sharegpt_reading_stops_at_the_last_whole_record():
     text = '[\n {"id": "a", "conversations": []},\n {"id": "b", "conversations": [{"from": "human", "va'
     assert [r["id"] for r in whole_records(text)] == ["a"]
     assert [r["id"] for r in whole_records('[{"id": "a"}, {"id": "b"}]')] == ["a", "b"]
+
+
+def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10, passes=10):
+    by_category = {"chat": {"median": tps}, "code": {"median": tps}}
+    stats = {"emitted": emitted, "target_forwards": passes, "draft_forwards": forwards,
+             "seconds": {"draft": draft_s}}
+    return {"owner": "ours", "drafts": drafts, "k": k, "overrides": list(overrides), "by_category": by_category,
+            "tokens_per_second": {"median": tps}, "stats": stats}
+
+
+def test_head_keys_of_the_bench():
+    """head_vs_best_copy over the best copy, head_c from drafting seconds per draft token over a target step, and
+    tokens per pass of the best fixed-k chain (a tree is not a chain)."""
+    from experiments.bench.heads import head_ratios
+    from experiments.bench.ratios import Figures
+
+    contenders = {
+        "ar": contender(None, 4, 10.0),
+        "copy": contender("model", "auto", 11.0),
+        "head_k3": contender("head", 3, 13.2, draft_s=0.6, forwards=100, emitted=30, passes=12),
+        "head_tree": contender("head", 4, 14.0, overrides=["tree=head"], draft_s=0.9, forwards=100, emitted=40,
+                               passes=10),
+    }
+    keys = head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}})
+    assert keys["head_vs_best_copy"] == pytest.approx(14.0 / 11.0)
+    assert keys["head_c"] == pytest.approx(0.6 / 100 / 0.060)  # of the chain
+    assert keys["head_tokens_per_pass"] == pytest.approx(30 / 12)  # the best fixed-k chain
+    assert keys["head_vs_target_only"] == pytest.approx(1.4)
+    assert head_ratios(Figures({"ar": contenders["ar"]}), {}) == {}

@@ -20,19 +20,19 @@ def head_c(contender: dict, target_step_ms: float) -> float:
 
 
 def head_ratios(f, result: dict) -> dict[str, float]:
-    """head_vs_best_copy, head_c and head_tokens_per_pass (of the best head contender with a fixed k), when the
-    bench ran a head; `f` is the bench's ratios.Figures."""
+    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k, when the bench
+    ran a head; `f` is the bench's ratios.Figures."""
     heads, copies = f.group("ours", "head"), f.group("ours", "model")
     if not heads:
         return {}
     best = f.best(heads)
-    fixed = [n for n in heads if isinstance(f.c[n]["k"], int)]
+    fixed = [n for n in heads if isinstance(f.c[n]["k"], int) and not any(o.startswith("tree=") for o in f.c[n]["overrides"])]
     chain = f.best(fixed) if fixed else best
     stats = f.c[chain]["stats"]
     step_ms = (result.get("costs") or {}).get("target_step_ms")
     return {
         "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,
-        "head_c": head_c(f.c[best], step_ms),
+        "head_c": head_c(f.c[chain], step_ms),
         "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
         "head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
     }
