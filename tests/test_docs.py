@@ -25,6 +25,7 @@ from experiments.run.settings import check_renamed, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md"]
+NO_HEAD = "no draft head is trained for this target"  # the refusal of draft=head and tree=head without one
 FENCE = re.compile(r"^```")
 INLINE = re.compile(r"`([^`]+)`")
 COMMAND = re.compile(r"(?:\.venv/bin/)?python -m experiments\.(run|bench|report)\b[^`#]*|make [a-z][a-z-]*(?: [A-Z]+=(?:\"[^\"]*\"|\S+))*")
@@ -138,6 +139,8 @@ def problem(command: str) -> str | None:
     try:
         check(command)
     except (Exception, SystemExit) as e:  # noqa: BLE001  (any failure, and argparse exits on bad arguments)
+        if NO_HEAD in str(e):  # right, but it needs a trained head (experiments.train_draft), which CI has not
+            return None
         return f"{type(e).__name__}: {e}"
     return None
 
