@@ -99,7 +99,8 @@ class Contender:
         """What bench.json says of the contender besides its measurements."""
         lookup = self.setup.hf.prompt_lookup if self.method == "hf" else None
         return {"overrides": self.overrides, "method": self.method, "owner": self.owner, "drafts": self.drafts,
-                "k": self.setup.plan.k, "prompt_lookup": lookup, "pass_width": self.pass_width}  # fmt: skip
+                "k": self.setup.plan.k, "prompt_lookup": lookup, "pass_width": self.pass_width,
+                "head": getattr(self.setup.drafter, "checkpoint", None)}  # fmt: skip
 
     def run(self, ids: torch.Tensor, n: int, seed: int, stop_at_eos: bool = True) -> Output:
         return output_of(self.setup.generate(self.method, ids, n, seed, stop_at_eos), self.owner == "ours")

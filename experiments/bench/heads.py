@@ -7,7 +7,9 @@ whose draft is a model (`drafts: model`).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 
 def head_c(contender: dict, target_step_ms: float) -> float:
@@ -30,9 +32,20 @@ def head_ratios(f, result: dict) -> dict[str, float]:
     chain = f.best(fixed) if fixed else best
     stats = f.c[chain]["stats"]
     step_ms = (result.get("costs") or {}).get("target_step_ms")
+    result["head"] = training_record(f.c[best].get("head"))
     return {
         "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,
         "head_c": head_c(f.c[chain], step_ms),
         "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
         "head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
     }
+
+
+def training_record(folder: str | None) -> dict | None:
+    """How the head was trained (its meta.json): the folder, data, tokens, steps, minutes, final acceptance."""
+    if folder is None or not (Path(folder) / "meta.json").is_file():
+        return None
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    keep = ("teacher", "steps", "training_seconds", "training_chunks", "validation_chunks", "final")
+    return {"folder": folder, "head": meta["settings"]["head"], "train": meta["settings"]["train"],
+            "data": meta["settings"]["data"], **{k: meta[k] for k in keep}}

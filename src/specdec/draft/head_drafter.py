@@ -34,6 +34,7 @@ class HeadDrafter(RowDrafter):
         self.vocab_size = head.vocab_size
         self.source: CachedLM | None = None  # the target cache whose features the head reads
         self.row = 0  # this fork's row in the target's batch
+        self.checkpoint: str | None = None  # the folder the head was loaded from, if any
 
     def fork(self) -> HeadDrafter:
         twin = HeadDrafter(self.head)
@@ -174,9 +175,13 @@ def load_head_drafter(target: PreTrainedModel, checkpoint: str | None) -> HeadDr
     if checkpoint is None:
         raise ValueError("no draft head is trained for this target: train one with `python -m "
                          "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
-    return HeadDrafter(load_head(checkpoint, target))
+    drafter = HeadDrafter(load_head(checkpoint, target))
+    drafter.checkpoint = str(checkpoint)  # where the head came from (a benchmark records its training)
+    return drafter
 
 
 def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, **shape) -> HeadTreeDrafter:
     """A HeadTreeDrafter of the given shape (branches, depth, nodes, children) with the head in `checkpoint`."""
-    return HeadTreeDrafter(load_head_drafter(target, checkpoint).head, **shape)
+    drafter = HeadTreeDrafter(load_head_drafter(target, checkpoint).head, **shape)
+    drafter.checkpoint = str(checkpoint)
+    return drafter
