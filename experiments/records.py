@@ -152,6 +152,7 @@ def machine(device: str = "cpu") -> dict[str, object]:
         "packages": versions,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "host": platform.node(),
         "device": device,
         "device_name": device_name(device),
         "torch_threads": torch.get_num_threads(),
@@ -169,12 +170,23 @@ def load_average() -> list[float] | None:
         return None
 
 
+def flags_present(info: dict[str, object]) -> str:
+    """The kernel-deciding CPU flags the machine has, comma-separated (or why they are unknown)."""
+    flags = info["cpu"]["flags"]
+    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
+    return present or "none of " + ", ".join(CPU_FLAGS)
+
+
+def machine_label(info: dict[str, object]) -> str:
+    """What a timing ran on, short enough for a table cell: the device (a GPU's name, or the CPU model and its
+    cores) and the CPU flags. Timings with different labels never share a ratio (experiments.report)."""
+    return f"{info['device_name']}; {flags_present(info)}"
+
+
 def machine_sentence(info: dict[str, object]) -> str:
     """One line for a summary: CPU (or device), the kernel-deciding flags it has, the bitsandbytes 4-bit path."""
-    cpu, bnb = info["cpu"], info["bitsandbytes_cpu"]
-    flags = cpu["flags"]
-    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
-    line = f"Machine: {info['device_name']}; CPU flags: {present or 'none of ' + ', '.join(CPU_FLAGS)}"
+    bnb = info["bitsandbytes_cpu"]
+    line = f"Machine: {info['device_name']}; CPU flags: {flags_present(info)}"
     if bnb.get("installed"):
         line += f"; bitsandbytes 4-bit on the CPU: {bnb['4bit_path']}"
     if info.get("load_average"):
