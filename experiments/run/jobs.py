@@ -46,7 +46,6 @@ def finished(run_dir: Path, overrides: list[str]) -> bool:
 
 def mark_done(run_dir: Path, overrides: list[str], seconds: float) -> None:
     """done.json: written last, so its presence means the job's results are complete."""
-    (run_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's failure no longer applies
     write_json(run_dir / DONE, {"overrides": overrides, "seconds": round(seconds, 3), "host": platform.node()})
 
 
@@ -107,7 +106,16 @@ def prepare(cfg: DictConfig) -> dict:
         cfg.logger.group = cfg.logger.group or Path(hc.sweep.dir).name
         cfg.logger.job_type = cfg.logger.get("job_type") or launcher
     return {"launcher": launcher, "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
-            "jobs_in_sweep": jobs, "threads_setting": cfg.threads}  # fmt: skip
+            "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid()}  # fmt: skip
+
+
+def start_afresh(run_dir: Path) -> None:
+    """A job run again in its folder (a re-launched sweep, skip_finished=false or unfinished) starts without the
+    earlier attempt's markers; its rows move to results.jsonl.replaced, as the run appends to results.jsonl."""
+    (run_dir / DONE).unlink(missing_ok=True)
+    (run_dir / FAILED).unlink(missing_ok=True)
+    if (run_dir / "results.jsonl").exists():
+        (run_dir / "results.jsonl").replace(run_dir / "results.jsonl.replaced")
 
 
 def run_job(cfg: DictConfig, pairs: Pairs) -> None:
@@ -120,6 +128,7 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
     if cfg.skip_finished and hc.mode == RunMode.MULTIRUN and finished(run_dir, overrides):
         print(f"skipped (finished earlier, skip_finished=true): {run_dir}", flush=True)
         return
+    start_afresh(run_dir)
     started = time.perf_counter()
     try:
         launch = prepare(cfg)
