@@ -24,6 +24,9 @@ PACKAGES = (
     "specdec", "torch", "transformers", "bitsandbytes", "datasets", "hydra-core", "omegaconf", "wandb",
     "numpy", "pandas", "seaborn",
 )  # fmt: skip
+# On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package (which downloads its 4-bit
+# kernel from the Hugging Face Hub) is missing; it then runs its own bundled fused gemv_4bit kernel, so: silenced.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 # CPU flags that decide which kernels run: x86 (/proc/cpuinfo "flags") and ARM ("Features")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8",
              "asimd", "bf16", "i8mm", "sve", "sve2")  # fmt: skip
@@ -111,7 +114,6 @@ def bitsandbytes_cpu_backend() -> dict[str, object]:
     without it every 4-bit matmul dequantizes the whole weight first. Asked of torch's dispatcher, so it
     reports what was registered, not what the flags suggest.
     """
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its notice about an optional kernel package
     try:
         import bitsandbytes  # noqa: F401  (registers its kernels)
         from bitsandbytes.functional import has_avx512bf16

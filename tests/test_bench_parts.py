@@ -101,6 +101,8 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
     assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
     assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
+    import logging  # bitsandbytes' warning about the optional `kernels` package (AVX512-BF16 CPUs) stays silent
+    assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
 
 
 def test_cost_figures_time_a_draft_with_another_vocabulary():
