@@ -21,12 +21,12 @@ from experiments.run.jobs import DONE, FAILED, cores, finished, mark_done, recor
 from experiments.sweeps import expected_jobs, sweep_status
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=tiny_random", "logger=none", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2"]
+TINY = ["model=tiny_random", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2"]
 
 
-def sweep(folder: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def sweep(folder: Path, *overrides: str, logger: str = "none", timeout: int = 300) -> subprocess.CompletedProcess:
     """python -m experiments.run -m <overrides> into folder (its hydra.sweep.dir); args[0] is the launching pid."""
-    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, *overrides, f"hydra.sweep.dir={folder}"]
+    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"logger={logger}", *overrides, f"hydra.sweep.dir={folder}"]
     with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
         stdout, stderr = p.communicate(timeout=timeout)
     return subprocess.CompletedProcess([p.pid, *cmd], p.returncode, stdout, stderr)
@@ -91,16 +91,19 @@ def test_status_of_a_partial_sweep(tmp_path: Path):
 
 @pytest.mark.exhaustive  # two sweeps of real processes (about 30 s on 2 cores)
 def test_joblib_sweep_and_a_relaunch_that_skips_finished_jobs(tmp_path: Path):
-    """k=1,2 through hydra/launcher=joblib: each job in a worker process of its own with its share of the cores,
-    done.json last; then k=1,2,3 into the same folder runs only k=3, and the report has all three."""
-    out = sweep(tmp_path, "k=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    """k=1,2 through hydra/launcher=joblib: each job in a worker process of its own with its share of the cores, an
+    offline W&B run grouped by the sweep, done.json last; then k=1,2,3 into the same folder runs only k=3, and the
+    report has all three."""
+    out = sweep(tmp_path, "k=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", logger="wandb_offline")
     assert out.returncode == 0, out.stderr[-3000:]
     envs = [environment(tmp_path / str(n)) for n in (0, 1)]
+    assert all(e["launch"]["wandb_group"] == tmp_path.name and e["launch"]["wandb_job_type"] == "joblib" for e in envs)
+    assert all(list((tmp_path / str(n) / "wandb").glob("offline-run-*")) for n in (0, 1))
     assert all(e["launch"]["launcher"] == "joblib" and e["launch"]["jobs_in_sweep"] == 2 for e in envs)
     assert all(e["torch_threads"] == max(1, cores() // 2) and e["host"] and e["cpu"]["flags"] for e in envs)
     assert out.args[0] not in {e["launch"]["pid"] for e in envs}  # jobs ran in worker processes, not the launching one
     first = {n: (tmp_path / str(n) / DONE).read_text() for n in (0, 1)}
-    again = sweep(tmp_path, "k=1,2,3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    again = sweep(tmp_path, "k=1,2,3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", logger="wandb_offline")
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped (finished earlier, skip_finished=true)") == 2
     assert {n: (tmp_path / str(n) / DONE).read_text() for n in (0, 1)} == first  # not run again

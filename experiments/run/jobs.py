@@ -106,7 +106,8 @@ def prepare(cfg: DictConfig) -> dict:
         cfg.logger.group = cfg.logger.group or Path(hc.sweep.dir).name
         cfg.logger.job_type = cfg.logger.get("job_type") or launcher
     return {"launcher": launcher, "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
-            "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid()}  # fmt: skip
+            "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid(),
+            "wandb_group": cfg.logger.get("group"), "wandb_job_type": cfg.logger.get("job_type")}  # fmt: skip
 
 
 def start_afresh(run_dir: Path) -> None:
