@@ -21,9 +21,11 @@ ERROR_CHARS = 400  # of a failed job's error message, on one line
 
 def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     """Every job's overrides, in Hydra's order, from the sweep's multirun.yaml (the basic sweeper's cartesian
-    product of the comma-separated values); None when the folder holds no multirun.yaml (a single run)."""
+    product of the comma-separated values); None when the folder holds no multirun.yaml (a single run) or another
+    sweeper's ranges (the jobs found in the folder are then all that is known)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
     path = sweep_dir / "multirun.yaml"
     if not path.exists():
@@ -31,7 +33,11 @@ def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     hydra_cfg = OmegaConf.load(path).hydra
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
     overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    try:
+        batches = BasicSweeper.split_arguments(overrides, None)
+    except HydraException:  # a range or interval sweep (another sweeper's): no list of jobs in advance
+        return None
+    return [job for batch in batches for job in batch]
 
 
 def job_folders(sweep_dir: Path) -> dict[tuple[str, ...], Path]:
