@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -139,3 +140,29 @@ def test_submitit_local_sweep(tmp_path: Path):
         assert env["torch_threads"] == max(1, cores() // 2)
     assert list((tmp_path / ".submitit").glob("*/*_result.pkl"))  # submitit's own record of each job
     assert "2 job(s): 2 finished." in report(tmp_path)
+
+
+def fake_run(folder: Path, k: int, speedup: float, device: str, flags: dict[str, bool]) -> None:
+    """A finished run's summary.json and environment.json, as experiments.run writes them (the keys the report reads)."""
+    folder.mkdir(parents=True)
+    config = {"model": "tiny_random", "draft": "ModelDrafter", "draft_quantization": "none", "target_quantization": "none",
+              "k": k, "tree": "none", "temperature": 0.0, "top_p": 1.0, "dataset": "bundled"}  # fmt: skip
+    metrics = {"speedup": speedup, "tokens_per_second/autoregressive": 100.0 * (1 + k), "alpha": None, "c": None}  # null: no figures
+    (folder / "summary.json").write_text(json.dumps({"config": config, "metrics": metrics}))
+    env = {"device_name": device, "cpu": {"flags": flags}, "host": device.split()[0], "launch": {"launcher": "joblib"}}
+    (folder / "environment.json").write_text(json.dumps(env))
+
+
+def test_the_report_never_compares_timings_of_two_machines(tmp_path: Path):
+    """k=1 and k=2 on one machine, k=4 on another (a faster one): the best k is chosen per machine, never across."""
+    fake_run(tmp_path / "0", 1, 0.9, "AMD EPYC, 2 logical cores", {"avx2": True, "avx512f": False})
+    fake_run(tmp_path / "1", 2, 1.1, "AMD EPYC, 2 logical cores", {"avx2": True, "avx512f": False})
+    fake_run(tmp_path / "2", 4, 1.5, "AMD EPYC, 2 logical cores", {"avx2": True, "avx512f": True})
+    text = report(tmp_path)
+    assert "They ran on 2 different machines" in text
+    best = pd.read_csv(tmp_path / "report" / "best_k.csv")
+    by_machine = dict(zip(best["machine"], zip(best["k_tried"].astype(str), best["best_k"])))
+    assert by_machine == {"AMD EPYC, 2 logical cores; avx2": ("1,2", 2),
+                          "AMD EPYC, 2 logical cores; avx2, avx512f": ("4", 4)}  # fmt: skip
+    runs = pd.read_csv(tmp_path / "report" / "runs.csv")
+    assert runs["machine"].nunique() == 2
