@@ -180,6 +180,8 @@ def run_bench(
     clock = ForwardClock(models)
     runs = measure(contenders, prompts, ids, clock, max_new_tokens, repetitions, seed, failures, out, log)
     clock.remove()
+    if not runs:
+        raise RuntimeError(f"every contender failed: {failures.failed}")
     plan = default.plan
     s = plan.sampling
     result = {
