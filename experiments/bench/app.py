@@ -231,10 +231,8 @@ def bench(cfg: DictConfig) -> dict:
     one = b.memory_of or b.load_of
     study = b.scaling or b.get("batching")
     only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
-    if b.get("runtime_study"):
-        only = [b.reference]
-    comparison = not (one or study or b.get("runtime_study"))
-    failures = Failures(lambda s: print(s, flush=True)) if comparison else None  # only the comparison goes on without one
+    only = [b.reference] if b.get("runtime_study") else only
+    failures = None if one or study or b.get("runtime_study") else Failures(lambda s: print(s, flush=True))  # comparison
     contenders = contenders_of(cfg, base, Pairs(), only, failures)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
