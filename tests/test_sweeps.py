@@ -52,6 +52,20 @@ def test_parallel_jobs_share_the_cores():
     assert threads_per_job("auto", "basic", OmegaConf.create({}), jobs=3) == "auto"
 
 
+@pytest.mark.parametrize("launcher, kind, threads", [
+    ("basic", "basic", "auto"), ("joblib", "joblib", None), ("submitit_local", "submitit_local", None),
+    ("slurm_gpu", "submitit_slurm", 8),
+])  # fmt: skip
+def test_each_launcher_config_composes_and_sets_the_threads(make_cfg, launcher: str, kind: str, threads):
+    """hydra/launcher=<config> composes with the run's config (the plugins' own, and conf/hydra/launcher/); its kind
+    decides a job's threads: the Slurm preset's cpus_per_task (8), a parallel launcher's share of the cores."""
+    cfg = make_cfg("model=tiny_random", f"hydra/launcher={launcher}", hydra=True)
+    assert run_jobs.launcher_kind(cfg.hydra.launcher) == kind
+    share = max(1, cores() // 2)
+    expected = threads if threads is not None else share
+    assert threads_per_job("auto", kind, cfg.hydra.launcher, jobs=2) == expected
+
+
 def fake_job(sweep_dir: Path, num: int, overrides: list[str]) -> Path:
     """The run folder Hydra creates for job num before the job starts (.hydra/overrides.yaml)."""
     folder = sweep_dir / str(num)

@@ -36,6 +36,14 @@ from .settings import CONF_DIR, ConfigError, check_renamed
 
 DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder (experiments.sweeps reads them)
 PARALLEL = ("joblib", "submitit_local")  # launchers that run a sweep's jobs side by side on this machine
+KINDS = {"BasicLauncher": "basic", "JoblibLauncher": "joblib", "LocalLauncher": "submitit_local",
+         "SlurmLauncher": "submitit_slurm"}  # launcher class -> kind, whatever config chose it (conf/hydra/launcher/)
+
+
+def launcher_kind(settings: DictConfig) -> str:
+    """basic, joblib, submitit_local or submitit_slurm: what runs the jobs, from the launcher config's _target_."""
+    name = str(settings.get("_target_") or "BasicLauncher").rsplit(".", 1)[-1]
+    return KINDS.get(name, name)
 
 
 def finished(run_dir: Path, overrides: list[str]) -> bool:
@@ -98,14 +106,15 @@ def sweep_size(sweep_dir: Path) -> int:
 def prepare(cfg: DictConfig) -> dict:
     """Set the job's threads and W&B grouping from its launcher; what environment.json records about it."""
     hc = HydraConfig.get()
-    launcher = hc.runtime.choices.get("hydra/launcher", "basic")
+    launcher = launcher_kind(hc.launcher)
     sweep = hc.mode == RunMode.MULTIRUN
     jobs = sweep_size(Path(hc.sweep.dir)) if sweep else 1
     cfg.threads = threads_per_job(cfg.threads, launcher, hc.launcher, jobs)
     if sweep and cfg.logger.kind == "wandb":
         cfg.logger.group = cfg.logger.group or Path(hc.sweep.dir).name
         cfg.logger.job_type = cfg.logger.get("job_type") or launcher
-    return {"launcher": launcher, "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
+    return {"launcher": launcher, "launcher_config": hc.runtime.choices.get("hydra/launcher"),
+            "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
             "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid(),
             "wandb_group": cfg.logger.get("group"), "wandb_job_type": cfg.logger.get("job_type")}  # fmt: skip
 
