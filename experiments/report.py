@@ -59,7 +59,10 @@ def load_runs(folder: Path) -> pd.DataFrame:
     """One row per summary.json below folder: its config keys, metrics and machine, plus the run folder."""
     records = []
     for path in sorted(folder.rglob("summary.json")):
-        summary = json.loads(path.read_text())
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError:  # being written by a job that is finishing: the next report has it
+            continue
         records.append({**summary["config"], **summary["metrics"], **environment_of(path.parent),
                         "run": str(path.parent.relative_to(folder))})  # fmt: skip
     if not records:
