@@ -24,6 +24,9 @@ PACKAGES = (
     "specdec", "torch", "transformers", "bitsandbytes", "datasets", "hydra-core", "omegaconf", "wandb",
     "numpy", "pandas", "seaborn",
 )  # fmt: skip
+# On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package (which downloads its 4-bit
+# kernel from the Hugging Face Hub) is missing; it then runs its own bundled fused gemv_4bit kernel, so: silenced.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 # CPU flags that decide which kernels run: x86 (/proc/cpuinfo "flags") and ARM ("Features")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8",
              "asimd", "bf16", "i8mm", "sve", "sve2")  # fmt: skip
@@ -111,7 +114,6 @@ def bitsandbytes_cpu_backend() -> dict[str, object]:
     without it every 4-bit matmul dequantizes the whole weight first. Asked of torch's dispatcher, so it
     reports what was registered, not what the flags suggest.
     """
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its notice about an optional kernel package
     try:
         import bitsandbytes  # noqa: F401  (registers its kernels)
         from bitsandbytes.functional import has_avx512bf16
@@ -152,6 +154,7 @@ def machine(device: str = "cpu") -> dict[str, object]:
         "packages": versions,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "host": platform.node(),
         "device": device,
         "device_name": device_name(device),
         "torch_threads": torch.get_num_threads(),
@@ -169,12 +172,23 @@ def load_average() -> list[float] | None:
         return None
 
 
+def flags_present(info: dict[str, object]) -> str:
+    """The kernel-deciding CPU flags the machine has, comma-separated (or why they are unknown)."""
+    flags = info["cpu"]["flags"]
+    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
+    return present or "none of " + ", ".join(CPU_FLAGS)
+
+
+def machine_label(info: dict[str, object]) -> str:
+    """What a timing ran on, short enough for a table cell: the device (a GPU's name, or the CPU model and its
+    cores) and the CPU flags. Timings with different labels never share a ratio (experiments.report)."""
+    return f"{info['device_name']}; {flags_present(info)}"
+
+
 def machine_sentence(info: dict[str, object]) -> str:
     """One line for a summary: CPU (or device), the kernel-deciding flags it has, the bitsandbytes 4-bit path."""
-    cpu, bnb = info["cpu"], info["bitsandbytes_cpu"]
-    flags = cpu["flags"]
-    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
-    line = f"Machine: {info['device_name']}; CPU flags: {present or 'none of ' + ', '.join(CPU_FLAGS)}"
+    bnb = info["bitsandbytes_cpu"]
+    line = f"Machine: {info['device_name']}; CPU flags: {flags_present(info)}"
     if bnb.get("installed"):
         line += f"; bitsandbytes 4-bit on the CPU: {bnb['4bit_path']}"
     if info.get("load_average"):

@@ -1,13 +1,17 @@
-"""Turn a sweep (or a single run) into tables and plots.
+"""Turn a sweep (or a single run) into tables and plots, from whatever finished so far.
 
     python -m experiments.report multirun/2026-11-29/10-00-00_smollm2     # a Hydra multirun folder
     python -m experiments.report outputs/2026-11-29/10-00-00_smollm2      # one run works too
 
-Reads every summary.json below the folder (one per run) and writes into <folder>/report/:
-report.md (printed), runs.csv, best_k.csv and the figures speedup_vs_k.png (per temperature),
+Reads every summary.json below the folder (one per finished run) and writes into <folder>/report/:
+report.md (printed), runs.csv, best_k.csv, jobs.csv and the figures speedup_vs_k.png (per temperature),
 alpha.png (against temperature and quantization) and measured_on_theory.png (measured points on
 Leviathan's Thm 3.8 curves drawn from each draft's measured alpha and c). Runs with k=auto or a
 token tree have no single k: they get a table of their own (schedule.csv) and stay out of best_k.
+A sweep's jobs are listed by status (experiments.sweeps): failed ones with their error line, started and not
+yet started ones, so the report can be re-run while the sweep runs. Each run's machine (its environment.json:
+device, CPU flags) is a column; runs on different machines never share a ratio: best_k is per machine, and the
+figures are drawn per machine (report/machine-<n>/ when there are several).
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import pandas as pd
 
 from specdec.theory import optimal_k, walltime_improvement
 
-from .records import markdown_table
+from .records import machine_label, markdown_table
 from .run.figures import sweep_figures
+from .sweeps import status_markdown, sweep_status
 
 RUN_COLUMNS = [  # run table: settings, then measurements
-    "model", "draft_quantization", "target_quantization", "schedule", "temperature", "top_p", "dataset",
+    "machine", "model", "draft_quantization", "target_quantization", "schedule", "temperature", "top_p", "dataset",
     "acceptance_rate", "alpha", "mean_accepted_length", "c", "speedup", "theoretical_speedup",
     "tokens_per_second/autoregressive", "tokens_per_second/speculative",
 ]  # fmt: skip
@@ -34,20 +39,34 @@ SCHEDULE_COLUMNS = [  # runs without a fixed k: k=auto and token trees
     "tree_nodes_mean", "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second",
 ]  # fmt: skip
 TEXT_COLUMNS = {"model", "draft", "drafter", "draft_cost", "target_quantization", "draft_quantization", "method",
-                "dataset", "device", "dtype", "run", "tree", "schedule", "verify"}  # fmt: skip
-GROUP = ["draft", "draft_quantization", "temperature"]  # runs that differ only in k
+                "dataset", "device", "dtype", "run", "tree", "schedule", "verify", "machine", "host",
+                "launcher"}  # fmt: skip
+GROUP = ["machine", "draft", "draft_quantization", "temperature"]  # runs that differ only in k, on one machine
+
+
+def environment_of(run: Path) -> dict:
+    """Where a run ran (its environment.json): machine label, host, launcher; "unknown" for older runs."""
+    path = run / "environment.json"
+    if not path.exists():
+        return {"machine": "unknown", "host": "unknown", "launcher": "unknown"}
+    env = json.loads(path.read_text())
+    launch = env.get("launch") or {}
+    return {"machine": machine_label(env), "host": env.get("host", "unknown"),
+            "launcher": launch.get("launcher", "unknown")}  # fmt: skip
 
 
 def load_runs(folder: Path) -> pd.DataFrame:
-    """One row per summary.json below folder: its config keys and metrics, plus the run folder."""
+    """One row per summary.json below folder: its config keys, metrics and machine, plus the run folder."""
     records = []
     for path in sorted(folder.rglob("summary.json")):
-        summary = json.loads(path.read_text())
-        records.append(
-            {**summary["config"], **summary["metrics"], "run": str(path.parent.relative_to(folder))}
-        )
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError:  # being written by a job that is finishing: the next report has it
+            continue
+        records.append({**summary["config"], **summary["metrics"], **environment_of(path.parent),
+                        "run": str(path.parent.relative_to(folder))})  # fmt: skip
     if not records:
-        raise SystemExit(f"no summary.json below {folder}: point the report at a run or multirun folder")
+        return pd.DataFrame()
     runs = pd.DataFrame(records)
     runs["tree"] = runs["tree"].fillna("none") if "tree" in runs else "none"  # summaries before trees
     runs["schedule"] = [
@@ -65,12 +84,13 @@ def load_runs(folder: Path) -> pd.DataFrame:
 def best_k(runs: pd.DataFrame) -> pd.DataFrame:
     """Per draft, quantization and temperature: the best measured k, and the k Thm 3.8 predicts."""
     records = []
-    for (draft, quantization, temperature), group in runs.dropna(subset=["speedup", "k"]).groupby(GROUP):
+    for (machine, draft, quantization, temperature), group in runs.dropna(subset=["speedup", "k"]).groupby(GROUP):
         best = group.loc[group["speedup"].idxmax()]
         alpha, c = group["alpha"].mean(), group["c"].mean()
         predicted = optimal_k(alpha, c) if not (math.isnan(alpha) or math.isnan(c)) else math.nan
         records.append(
             {
+                "machine": machine,
                 "draft": draft,
                 "draft_quantization": quantization,
                 "temperature": temperature,
@@ -93,27 +113,52 @@ def frame_markdown(df: pd.DataFrame) -> str:
     return markdown_table(list(df.columns), [list(row) for row in df.itertuples(index=False)])
 
 
-def report(folder: Path, out: Path | None = None) -> str:
-    """Write the sweep's tables and figures into out (default folder/report); returns report.md."""
-    out = out or folder / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(folder)
+def machine_figures(runs: pd.DataFrame, out: Path) -> list[Path]:
+    """The sweep figures per machine: into out itself for one machine, else into out/machine-<n>/."""
+    machines = sorted(runs["machine"].unique())
+    if len(machines) == 1:
+        return sweep_figures(runs, out)
+    return [path for n, machine in enumerate(machines, 1)
+            for path in sweep_figures(runs[runs["machine"] == machine], out / f"machine-{n}")]  # fmt: skip
+
+
+def runs_section(runs: pd.DataFrame, out: Path) -> str:
+    """The finished runs' tables and figures (report.md's part after the jobs), and their CSV files."""
+    if runs.empty:
+        return "No finished run yet (no summary.json below the folder).\n"
     columns = [c for c in RUN_COLUMNS if c in runs.columns]
     runs[["run", *columns]].to_csv(out / "runs.csv", index=False)
     best = best_k(runs)
     best.to_csv(out / "best_k.csv", index=False)
     scheduled = runs[runs["k"].isna()]
-    scheduled = scheduled[[c for c in SCHEDULE_COLUMNS if c in scheduled.columns]]
+    scheduled = scheduled[[c for c in ["machine", *SCHEDULE_COLUMNS] if c in scheduled.columns]]
     scheduled.to_csv(out / "schedule.csv", index=False)
-    figures = sweep_figures(runs.dropna(subset=["k"]), out)
-    text = (
-        f"# Report: {folder}\n\n{len(runs)} run(s).\n\n## Runs\n\n{frame_markdown(runs[columns])}\n\n"
-        f"## Best k per draft and temperature (measured, and Thm 3.8's optimum for the measured alpha, c)\n\n"
+    figures = machine_figures(runs.dropna(subset=["k"]), out)
+    machines = runs["machine"].nunique()
+    note = (f" They ran on {machines} different machines: every ratio below compares runs of one machine, and the "
+            "figures are drawn per machine." if machines > 1 else "")  # fmt: skip
+    return (
+        f"## Runs\n\n{len(runs)} finished run(s).{note}\n\n{frame_markdown(runs[columns])}\n\n"
+        f"## Best k per machine, draft and temperature (measured, and Thm 3.8's optimum for the measured alpha, c)\n\n"
         f"{frame_markdown(best) if not best.empty else 'No speculative runs with a fixed k.'}\n\n"
         "## k=auto and token trees (tokens per pass, chosen k, tree size, accepted depth, cost model)\n\n"
         f"{frame_markdown(scheduled) if not scheduled.empty else 'None.'}\n\n"
-        "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n"
+        "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.relative_to(out)})" for p in figures) + "\n"
     )
+
+
+def report(folder: Path, out: Path | None = None) -> str:
+    """Write the sweep's job list, tables and figures into out (default folder/report); returns report.md."""
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} is not a folder: point the report at a run or multirun folder")
+    out = out or folder / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = sweep_status(folder)
+    pd.DataFrame(jobs, columns=["job", "overrides", "run", "status", "detail"]).to_csv(out / "jobs.csv", index=False)
+    text = f"# Report: {folder}\n\n"
+    if jobs:
+        text += f"## Jobs\n\n{status_markdown(jobs)}\n\n"
+    text += runs_section(load_runs(folder), out)
     (out / "report.md").write_text(text)
     return text
 

@@ -36,22 +36,45 @@ def contender_override(name: str, overrides: list[str]) -> str:
     return f"bench.contenders.{name}=[{','.join(repr(o) for o in overrides)}]"
 
 
-def bench(out: Path, *overrides: str, bench_name: str = "bench") -> dict:
-    """python -m experiments.bench with these overrides into `out`; its result."""
+def bench(out: Path, *overrides: str, bench_name: str = "bench", failing: tuple[str, ...] = ()) -> dict:
+    """python -m experiments.bench with these overrides into `out`; its result. failing: contenders expected to
+    fail (the bench then completes and exits with 1, naming them)."""
     done = subprocess.run(
         [sys.executable, "-m", "experiments.bench", *overrides, f"hydra.run.dir={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == (1 if failing else 0), done.stderr[-3000:]
+    if failing:
+        assert done.stderr.strip().endswith(f"without the failed contenders: {', '.join(failing)}"), done.stderr[-3000:]
     return json.loads((out / f"{bench_name}.json").read_text())
+
+
+BROKEN = ["quantization=nf4"]  # a contender that fails while it loads: random-weight models load unquantized
 
 
 @pytest.fixture(scope="module")
 def bench_result(tmp_path_factory) -> dict:
-    """The default bench's contenders on the toy pair, three prompts, one repetition."""
-    overrides = [contender_override(n, o) for n, o in LOOKUP_ON_TINY.items()]
-    return bench(tmp_path_factory.mktemp("bench"), *TINY, *overrides, "bench.pass_widths=5", "bench.memory=false",
-                 "bench.load=null")  # fmt: skip
+    """The default bench's contenders on the toy pair, three prompts, one repetition; and one that fails."""
+    overrides = [*(contender_override(n, o) for n, o in LOOKUP_ON_TINY.items()), "+" + contender_override("broken", BROKEN)]
+    out = tmp_path_factory.mktemp("bench")
+    result = bench(out, *TINY, *overrides, "bench.pass_widths=5", "bench.memory=false", "bench.load=null",
+                   failing=("broken",))  # fmt: skip
+    result["folder"] = out
+    return result
+
+
+def test_a_failing_contender_is_named_and_the_others_complete(bench_result):
+    """The broken contender fails while it loads: bench.json and bench.md name it with its error, it has no
+    figures, every other contender has its own file, written when it finished."""
+    failed = bench_result["failed"]
+    assert set(failed) == {"broken"} and failed["broken"]["stage"] == "build"
+    assert "random-weight models load unquantized" in failed["broken"]["error"] and failed["broken"]["traceback"]
+    assert "broken" not in bench_result["contenders"] and len(bench_result["contenders"]) == 19  # 18 + default
+    written = {p.stem for p in (bench_result["folder"] / "contenders").glob("*.json")}
+    assert written == set(bench_result["contenders"])
+    assert "| broken | build | InstantiationException" in (bench_result["folder"] / "bench.md").read_text()
+    for goal in bench_result["goals"].values():  # every goal here was measured; none blames the failure
+        assert goal["value"] is not None and "status" not in goal
 
 
 def test_every_default_contender_composes_and_validates(make_cfg) -> None:

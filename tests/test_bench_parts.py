@@ -101,6 +101,8 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert "CPU flags: avx2;" in machine_sentence(fake) and "dequantize" in machine_sentence(fake)
     assert len(info["load_average"]) == 3 and all(x >= 0 for x in info["load_average"])
     assert "load average 2.5" in machine_sentence({**fake, "load_average": [2.5, 1.0, 1.0]})
+    import logging  # bitsandbytes' warning about the optional `kernels` package (AVX512-BF16 CPUs) stays silent
+    assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
 
 
 def test_cost_figures_time_a_draft_with_another_vocabulary():
@@ -131,3 +133,43 @@ def test_the_bench_keys_are_checked_before_anything_runs(overrides, message):
         cfg = compose("bench", overrides=[*TINY, *overrides])
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_bench(cfg.bench)
+
+
+def test_a_contender_that_raises_while_running_is_recorded(tmp_path, monkeypatch):
+    """A contender that raises in its second timed run (as Hugging Face's universal assisted generation does after
+    rewriting the draft's output layer in place): recorded with its stage and error and not run again; the others
+    finish, each contender's file is written, and the goal that needed it is not measured."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.bench.app import contenders_of, run_bench
+    from experiments.bench.failures import Failures
+    from experiments.run.pair import Pairs
+    from experiments.run.prompts import load_prompts
+    from specdec.runtime.models import encode_prompt
+
+    lookup = "bench.contenders.hf_lookup_default=['method=hf','hf=lookup','hf.prompt_lookup=10']"
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("bench", overrides=[*TINY, lookup])
+        failures = Failures()
+        contenders = contenders_of(cfg, TINY, Pairs(), ["default", "ar", "hf_lookup_default"], failures)
+    calls, real = [], contenders["hf_lookup_default"].run
+
+    def crash_on_the_second_timed_run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the warm-up, the first prompt, then this
+            raise RuntimeError("the assistant's output layer was replaced in place")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(contenders["hf_lookup_default"], "run", crash_on_the_second_timed_run)
+    prompts = load_prompts(cfg.dataset)
+    tokenizer = contenders["default"].setup.pair.tokenizer
+    ids = {p.id: encode_prompt(tokenizer, p.text, chat=cfg.dataset.chat) for p in prompts}
+    result = run_bench(contenders, prompts, ids, max_new_tokens=4, pass_widths=2, failures=failures, out=tmp_path)
+    assert len(prompts) == 3 and len(calls) == 3  # not run on the third prompt
+    assert result["failed"]["hf_lookup_default"]["stage"] == "run"
+    assert result["failed"]["hf_lookup_default"]["error"] == "RuntimeError: the assistant's output layer was replaced in place"
+    assert set(result["contenders"]) == {"default", "ar"}
+    assert {p.stem for p in (tmp_path / "contenders").glob("*.json")} == {"default", "ar"}
+    goal = result["goals"]["vs_hf_prompt_lookup"]
+    assert goal["value"] is None and goal["status"] == "not measured" and goal["failed_contenders"] == ["hf_lookup_default"]
+    assert result["greedy_check"]["identical"]  # between the contenders that finished

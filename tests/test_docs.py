@@ -175,3 +175,41 @@ def test_the_docs_show_commands():
 def test_documented_command_works(path: Path, number: int, command: str):
     why = problem(command)
     assert why is None, f"{path.relative_to(ROOT)}:{number}: `{command}` no longer works: {why}"
+
+
+# The docs speak to their users about what is true now: no story of how they were written (the reader's grep
+# `grep -rniE "\bsessions?\b|issue [0-9]+" README.md docs/`), no machines named by letter outside the history
+# (CHANGELOG.md, docs/results/archive/).
+DIARY = re.compile(r"\bsessions?\b|issue [0-9]+", re.IGNORECASE)
+MACHINE_LETTER = re.compile(r"\b[Mm]achines? [A-C]\b")
+HISTORY = ROOT / "docs" / "results" / "archive"
+
+
+def lines_matching(pattern: re.Pattern, paths: list[Path]) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in paths
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), start=1) if pattern.search(line)]  # fmt: skip
+
+
+def test_the_docs_read_as_a_guide_not_a_diary():
+    every = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").rglob("*")) if p.is_file())]
+    assert len(every) > 20
+    assert lines_matching(DIARY, every) == []
+    current = [p for p in every if p.suffix == ".md" and HISTORY not in p.parents]
+    assert lines_matching(MACHINE_LETTER, current) == []
+    assert lines_matching(MACHINE_LETTER, [ROOT / "CHANGELOG.md"])  # the history keeps the names it used
+
+
+def test_the_readme_opens_with_the_two_commands_and_one_results_table():
+    """Its first screen: the two commands, then one table whose every row names its command, its commit and its
+    machine (CPU model and flags)."""
+    text = (ROOT / "README.md").read_text()
+    first = text[: text.index("\n## ")]
+    assert "make run" in first and "make test" in first
+    table = [line for line in first.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert {"command", "commit", "machine"} <= set(header) and len(table) >= 4
+    for row in table[2:]:
+        cells = dict(zip(header, (c.strip() for c in row.strip("|").split("|"))))
+        assert re.fullmatch(r"`(make \w+|python -m experiments\.\w+[^`]*)`", cells["command"]), row
+        assert re.fullmatch(r"[0-9a-f]{7,40}", cells["commit"]), row
+        assert re.search(r'"[^"]+", \d+ cores; (avx2|asimd)', cells["machine"]), row  # CPU model, cores; flags

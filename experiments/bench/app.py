@@ -42,22 +42,22 @@ from specdec.draft.head_drafter import HeadDrafter
 from specdec.draft.ngram import NGramDrafter
 from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
 from specdec.runtime.models import encode_prompt
-from specdec.sampling import Sampling
 
 from ..records import machine, write_result
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError, check_choice, check_int, check_renamed
+from ..run.settings import CONF_DIR, ConfigError, check_renamed
 from .batch import batch_study
+from .checks import DEFAULT, check_bench, output_check
+from .failures import Failures, mark_not_measured, write_contender
 from .figures import contender_figures, cost_figures
-from .goals import goal_entries
+from .goals import ISSUE_9, goal_entries
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import annotate_goals, check_identical, pairwise, ratios
+from .ratios import annotate_goals, pairwise, ratios
 from .schedule import ForwardClock, Output, Run, interleaved, output_of
 from .table import bench_table
 
-DEFAULT = "default"  # the default run's own configuration: always a contender
 LOOKUPS = (NGramDrafter, NGramTreeDrafter)  # drafters that draft from the text alone
 
 
@@ -113,8 +113,11 @@ def method_of(cfg: DictConfig, name: str) -> str:
     return str(cfg.method)
 
 
-def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None) -> dict[str, Contender]:
-    """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these."""
+def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None,
+                  failures: Failures | None = None) -> dict[str, Contender]:  # fmt: skip
+    """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these.
+    failures: a contender that fails to build (its model does not load) is recorded there and left out; without it,
+    or for the default run's configuration, the error is raised."""
     deltas = {DEFAULT: [], **{name: list(delta) for name, delta in cfg.bench.contenders.items()}}
     unknown = sorted(set(only or []) - set(deltas))
     if unknown:
@@ -125,8 +128,34 @@ def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str
             continue
         check_renamed(delta)
         job = compose("bench", overrides=[*base, *delta])
-        built[name] = Contender(name, delta, setup_of(job, pairs), method_of(job, name))
+        method = method_of(job, name)
+        setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)
+        if setup is not None:
+            built[name] = Contender(name, delta, setup, method)
     return built
+
+
+def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
+            max_new_tokens: int, repetitions: int, seed: int, failures: Failures, out: Path | None,
+            log: Callable[[str], None]) -> dict[str, dict[str, list[Run]]]:  # fmt: skip
+    """One warm-up per contender (excluded), then the interleaved repetitions; a contender that raises is recorded
+    in failures and runs no more. Each contender's figures go to out/contenders/<name>.json once it has run
+    everything. Returns the runs of the contenders that finished, by prompt."""
+    names = list(contenders)
+    for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
+        failures.attempt(c.name, "warm-up", c.run, ids[prompts[0].id], min(8, max_new_tokens), seed)
+    runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
+    left = dict.fromkeys(names, len(prompts) * repetitions)
+    for rep, prompt, name in interleaved(names, prompts, repetitions):
+        run = failures.attempt(name, "run", clock.measure, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
+        if run is None:
+            continue
+        runs[name][prompt.id].append(run)
+        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
+        left[name] -= 1
+        if left[name] == 0 and out is not None:
+            write_contender(out, name, {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
+    return {name: runs[name] for name in names if name not in failures.failed}
 
 
 def run_bench(
@@ -142,21 +171,21 @@ def run_bench(
     pairs: dict[str, list[str]] | None = None,
     log: Callable[[str], None] = lambda s: None,
     load: dict | None = None,
+    failures: Failures | None = None,
+    out: Path | None = None,
 ) -> dict:
-    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json."""
-    names = list(contenders)
+    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json.
+    failures: contenders that raised (while built, or here); out: where each contender's figures are written as
+    soon as it finished (out/contenders/<name>.json)."""
+    failures = failures or Failures(log)
     default = contenders[DEFAULT].setup
     drafts = {id(c.setup.pair.draft_model): c.setup.pair.draft_model for c in contenders.values()}
     models = {"target": default.pair.target, **{f"draft{i or ''}": m for i, m in enumerate(d for d in drafts.values() if d is not None)}}
     clock = ForwardClock(models)
-    for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
-        c.run(ids[prompts[0].id], min(8, max_new_tokens), seed)
-    runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
-    for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = clock.measure(contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
-        runs[name][prompt.id].append(run)
-        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
+    runs = measure(contenders, prompts, ids, clock, max_new_tokens, repetitions, seed, failures, out, log)
     clock.remove()
+    if not runs:
+        raise RuntimeError(f"every contender failed: {failures.failed}")
     plan = default.plan
     s = plan.sampling
     result = {
@@ -166,7 +195,8 @@ def run_bench(
             "seed": seed, "eos_token_id": default.pair.eos_token_id, "prompts": [p.id for p in prompts],
             "draft": default.pair.draft,
         },
-        "contenders": {name: {**c.figures(), **contender_figures(runs[name], prompts)} for name, c in contenders.items()},
+        "contenders": {name: {**contenders[name].figures(), **contender_figures(runs[name], prompts)} for name in runs},
+        "failed": failures.failed,
     }
     if load is not None:
         result["load"] = load
@@ -179,22 +209,12 @@ def run_bench(
     flags = machine(plan.device)["cpu"]["flags"]
     present = [f for f, on in flags.items() if on] if isinstance(flags, dict) else []
     result["goals"] = goal_entries(result["ratios"], present, s.greedy)
+    mark_not_measured(result["goals"], failures.failed, present, s.greedy, ISSUE_9)
     annotate_goals(result["goals"], result["best"], k, result["contenders"])
     calibration = default.pair.calibration
     if calibration is not None:  # the default pair's calibration: what it measured and chose
         result["calibration"] = {"chosen": calibration.chosen, "reason": calibration.reason, "candidates": calibration.rows()}
     return result
-
-
-def output_check(runs: dict[str, dict[str, list[Run]]], sampling: Sampling, reference: str) -> dict:
-    """Greedy: every contender's first output per prompt against the reference's; sampling: skipped, said why."""
-    names = list(runs)
-    if not sampling.greedy:
-        return {"identical": None,
-                "skipped": f"temperature {sampling.temperature} > 0: outputs are samples (each loop draws its own random "
-                "numbers), so equal outputs are not expected; exactness at T > 0 is what the chi-square tests check"}
-    outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
-    return check_identical(outputs, reference=reference if reference in names else names[0])
 
 
 def command_line() -> tuple[list[str], str]:
@@ -203,28 +223,6 @@ def command_line() -> tuple[list[str], str]:
     task = list(HydraConfig.get().overrides.task)
     base = [o for o in task if not o.lstrip("+~").startswith(("bench.", "hydra."))]
     return base, "python -m experiments.bench " + " ".join(task)
-
-
-def check_bench(b: DictConfig) -> None:
-    """The bench group's own keys, before anything loads (a ConfigError names the key and what it takes)."""
-    names = [DEFAULT, *b.contenders]
-    check_int(b.repetitions, "bench.repetitions", 1)
-    check_int(b.pass_widths, "bench.pass_widths", 1)
-    check_choice(b.reference, tuple(names), "bench.reference")
-    study = b.get("batching")
-    if study:
-        for name in study.contenders:
-            check_choice(name, tuple(names), "bench.batching.contenders")
-        if not len(study.sizes):
-            raise ConfigError("bench.batching.sizes is empty: give batch sizes >= 1, e.g. [1, 2, 4, 8]")
-        for size in study.sizes:
-            check_int(size, "bench.batching.sizes", 1)
-        for key in ("baseline", "speculative"):
-            check_choice(study[key], tuple(study.contenders), f"bench.batching.{key}")
-    if b.load:
-        check_int(b.load.processes, "bench.load.processes", 1)
-        for name in b.load.contenders:
-            check_choice(name, tuple(names), "bench.load.contenders")
 
 
 def bench(cfg: DictConfig) -> dict:
@@ -237,9 +235,9 @@ def bench(cfg: DictConfig) -> dict:
     one = b.memory_of or b.load_of
     study = b.scaling or b.get("batching")
     only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
-    if b.get("runtime_study"):
-        only = [b.reference]
-    contenders = contenders_of(cfg, base, Pairs(), only)
+    only = [b.reference] if b.get("runtime_study") else only
+    failures = None if one or study or b.get("runtime_study") else Failures(lambda s: print(s, flush=True))  # comparison
+    contenders = contenders_of(cfg, base, Pairs(), only, failures)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
     ids = {p.id: encode_prompt(first.pair.tokenizer, p.text, chat=first.plan.chat) for p in prompts}
@@ -274,7 +272,7 @@ def bench(cfg: DictConfig) -> dict:
     result = run_bench(
         contenders, prompts, ids, max_new_tokens=cfg.max_new_tokens, repetitions=b.repetitions, seed=cfg.seed,
         pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, log=lambda s: print(s, flush=True),
-        load=load,
+        load=load, failures=failures, out=out,
     )  # fmt: skip
     result["settings"].update(model=cfg.model.name, dataset=cfg.dataset.name)
     if b.memory:
@@ -283,6 +281,8 @@ def bench(cfg: DictConfig) -> dict:
     table = bench_table(result)
     write_result(out, "bench", result, table)
     print(table)
+    if result["failed"]:
+        raise SystemExit(f"bench.json is complete without the failed contenders: {', '.join(result['failed'])}")
     return result
 
 

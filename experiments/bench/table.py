@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..records import cell, machine_sentence, markdown_table
+from .failures import failed_section
 from .goals import ISSUE_9
 
 
@@ -19,7 +20,7 @@ def bench_table(result: dict) -> str:
     """bench.md: the contenders, the goals, ratios to target-only per category, the contenders' figures, chain vs
     tree, pass cost vs width, the cost model's prediction, the load scenario, the other ratios, the greedy check
     and the costs."""
-    sections = (head_section, goals_section, vs_target_only_section, contenders_section, trees_section,
+    sections = (head_section, failed_section, goals_section, vs_target_only_section, contenders_section, trees_section,
                 pass_cost_section, cost_model_section, load_section, ratios_section, check_section, costs_section)
     lines = [line for section in sections for line in section(result)]
     return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"
@@ -47,7 +48,7 @@ def head_section(result: dict) -> list[str]:
 def goals_section(result: dict) -> list[str]:
     goals = result.get("goals", {})
     rows = [
-        [key, g["value"], f">= {g['target']}", {True: "met", False: "not met", None: "-"}[g["met"]],
+        [key, g["value"], f">= {g['target']}", {True: "met", False: "not met", None: g.get("status", "-")}[g["met"]],
          g.get("contender") or "",
          g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or [])]
         for key, g in goals.items()

@@ -1,5 +1,5 @@
-"""`python -m experiments.run`: the Hydra app (experiments.run)."""
+"""`python -m experiments.run`: the Hydra app (experiments.run.jobs)."""
 
-from .app import main
+from .jobs import main
 
 main()

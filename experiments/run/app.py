@@ -17,14 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 
-import hydra
 import pandas as pd
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -40,7 +37,7 @@ from .methods import Setup, setup_of
 from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
 from .rounds import mean
-from .settings import CONF_DIR, ConfigError, Plan, check_renamed, plan_of
+from .settings import Plan, plan_of
 from .summary import method_table, naive_sentence, run_metrics, write_summary
 
 log = logging.getLogger(__name__)
@@ -223,10 +220,12 @@ def interrupt_on_sigterm() -> None:
 
 
 def run_experiment(
-    cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None, pairs: Pairs | None = None
+    cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None, pairs: Pairs | None = None,
+    launch: dict | None = None,
 ) -> pd.DataFrame | None:
     """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table.
-    pairs: the pair cache of a sweep (its jobs share a pair while the weights stay the same)."""
+    pairs: the pair cache of a sweep (its jobs share a pair while the weights stay the same); launch: how the
+    job was launched (experiments.run.jobs.prepare), recorded in environment.json."""
     plan_of(cfg)  # a bad value fails before any dataset or model loads
     prompts = load_prompts(cfg.dataset)
     setup = setup_of(cfg, pairs or Pairs())
@@ -238,7 +237,7 @@ def run_experiment(
             pair.target_quantization,
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = machine(plan.device)
+    env = {**machine(plan.device), "launch": launch or {"launcher": "none (called in-process)"}}
     write_json(run_dir / "environment.json", env)
     write_choices(run_dir, pair.threads, pair.calibration)  # threads.md, calibration.md: read by write_summary
     keys = run_keys(cfg, setup)
@@ -275,25 +274,3 @@ def run_experiment(
     if interrupted:
         raise SystemExit(130)
     return table
-
-
-def main() -> None:
-    """The Hydra app: one run per job; the jobs of a sweep share one pair cache."""
-    pairs = Pairs()
-
-    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def job(cfg: DictConfig) -> None:
-        try:
-            run_experiment(cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task),
-                           pairs)  # fmt: skip
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            sys.exit(2)
-
-    try:
-        check_renamed(sys.argv[1:])
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    job()
-

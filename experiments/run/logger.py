@@ -53,6 +53,7 @@ class WandbLogger:
             project=cfg.project,
             entity=cfg.get("entity"),
             group=cfg.get("group"),
+            job_type=cfg.get("job_type"),
             tags=list(cfg.get("tags") or []),
             mode=cfg.mode,
             dir=str(Path(cfg.dir) if cfg.get("dir") else run_dir),

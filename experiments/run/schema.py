@@ -141,6 +141,7 @@ class LoggerConfig:
     project: Any = None
     entity: Any = None
     group: Any = None
+    job_type: Any = None
     tags: Any = field(default_factory=list)
     dir: Any = None
 
@@ -183,6 +184,7 @@ class RunConfig:
     device: Any = MISSING  # cpu, cuda or cuda:N: checked by settings.check_device
     dtype: Any = choice(DTYPE_CHOICES)
     threads: Any = integer(1, default=None, optional=True, also=(AUTO,))  # auto: specdec.runtime.timing.choose_threads
+    skip_finished: bool = True  # a sweep job whose run folder holds done.json is skipped (experiments.run.jobs)
 
 
 ConfigStore.instance().store(name="run_schema", node=RunConfig)

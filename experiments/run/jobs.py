@@ -1,0 +1,172 @@
+"""One job of `python -m experiments.run`, a single run or one job of a sweep (`-m`) on any Hydra launcher.
+
+    python -m experiments.run -m k=1,2,4 hydra/launcher=joblib          # parallel local processes
+    python -m experiments.run -m k=1,2,4 hydra/launcher=submitit_local  # submitit jobs on this machine
+    python -m experiments.run -m k=1,2,4 hydra/launcher=submitit_slurm hydra.launcher.partition=gpu ...
+
+What this module adds around experiments.run.app.run_experiment:
+- threads: under a parallel launcher a job gets its share of the cores (cores // jobs running at once), so
+  parallel jobs do not oversubscribe them (`threads=auto` or a larger count is lowered to that share);
+- W&B: a sweep's runs share a group (the sweep folder's name) and a job type (the launcher), unless set;
+- markers in the job's run folder: done.json, written last when the job finished, failed.json with the error
+  when it raised; `skip_finished=true` (the default) skips a job whose folder holds a done.json for the same
+  overrides, so a re-launched sweep (the same hydra.sweep.dir) runs only what did not finish;
+- environment.json records the launcher next to the host, CPU flags or GPU, and thread count (records.machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from ..records import write_json
+from .pair import Pairs
+from .schema import AUTO
+from .settings import CONF_DIR, ConfigError, check_renamed
+
+DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder (experiments.sweeps reads them)
+PARALLEL = ("joblib", "submitit_local")  # launchers that run a sweep's jobs side by side on this machine
+KINDS = {"BasicLauncher": "basic", "JoblibLauncher": "joblib", "LocalLauncher": "submitit_local",
+         "SlurmLauncher": "submitit_slurm"}  # launcher class -> kind, whatever config chose it (conf/hydra/launcher/)
+
+
+def launcher_kind(settings: DictConfig) -> str:
+    """basic, joblib, submitit_local or submitit_slurm: what runs the jobs, from the launcher config's _target_."""
+    name = str(settings.get("_target_") or "BasicLauncher").rsplit(".", 1)[-1]
+    return KINDS.get(name, name)
+
+
+def finished(run_dir: Path, overrides: list[str]) -> bool:
+    """True when the folder holds a done.json written by a job with these overrides."""
+    marker = run_dir / DONE
+    return marker.exists() and json.loads(marker.read_text()).get("overrides") == overrides
+
+
+def mark_done(run_dir: Path, overrides: list[str], seconds: float) -> None:
+    """done.json: written last, so its presence means the job's results are complete."""
+    write_json(run_dir / DONE, {"overrides": overrides, "seconds": round(seconds, 3), "host": platform.node()})
+
+
+def record_failure(run_dir: Path, overrides: list[str], error: BaseException, seconds: float) -> None:
+    """failed.json: the error's type and message, where it was raised and the traceback's last lines."""
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    write_json(run_dir / FAILED, {
+        "overrides": overrides, "error": f"{type(error).__name__}: {error}".strip(), "seconds": round(seconds, 3),
+        "host": platform.node(), "traceback": "".join(lines).splitlines()[-12:],
+    })  # fmt: skip
+
+
+def cores() -> int:
+    """The cores this process may use (its CPU affinity: a Slurm allocation, a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def jobs_at_once(launcher: str, settings: DictConfig, jobs: int) -> int:
+    """How many of the sweep's jobs run side by side on this machine under this launcher."""
+    if launcher == "joblib":
+        n = settings.get("n_jobs") or -1
+        return min(jobs, cores() if n < 0 else n)
+    if launcher == "submitit_local":
+        return jobs  # submitit's local executor starts every job of the array at once
+    return 1
+
+
+def threads_per_job(threads: int | str | None, launcher: str, settings: DictConfig, jobs: int) -> int | str | None:
+    """The job's torch threads: its share of the cores under a parallel launcher (the configured count when it is
+    lower), a Slurm job's cpus_per_task when given; otherwise the configured value unchanged."""
+    if launcher == "submitit_slurm" and settings.get("cpus_per_task") and threads in (AUTO, None):
+        return int(settings.cpus_per_task)
+    if launcher not in PARALLEL:
+        return threads
+    share = max(1, (settings.get("cpus_per_task") or cores() // jobs_at_once(launcher, settings, jobs)))
+    return share if threads in (AUTO, None) or int(threads) > share else threads
+
+
+def sweep_size(sweep_dir: Path) -> int:
+    """The number of jobs of the sweep in sweep_dir (its multirun.yaml); 1 when it cannot be read."""
+    from ..sweeps import expected_jobs
+
+    expected = expected_jobs(sweep_dir)
+    return len(expected) if expected else 1
+
+
+def prepare(cfg: DictConfig) -> dict:
+    """Set the job's threads and W&B grouping from its launcher; what environment.json records about it."""
+    hc = HydraConfig.get()
+    launcher = launcher_kind(hc.launcher)
+    sweep = hc.mode == RunMode.MULTIRUN
+    jobs = sweep_size(Path(hc.sweep.dir)) if sweep else 1
+    cfg.threads = threads_per_job(cfg.threads, launcher, hc.launcher, jobs)
+    if sweep and cfg.logger.kind == "wandb":
+        cfg.logger.group = cfg.logger.group or Path(hc.sweep.dir).name
+        cfg.logger.job_type = cfg.logger.get("job_type") or launcher
+    return {"launcher": launcher, "launcher_config": hc.runtime.choices.get("hydra/launcher"),
+            "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
+            "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid(),
+            "wandb_group": cfg.logger.get("group"), "wandb_job_type": cfg.logger.get("job_type")}  # fmt: skip
+
+
+def start_afresh(run_dir: Path) -> None:
+    """A job run again in its folder (a re-launched sweep, skip_finished=false or unfinished) starts without the
+    earlier attempt's markers; its rows move to results.jsonl.replaced, as the run appends to results.jsonl."""
+    (run_dir / DONE).unlink(missing_ok=True)
+    (run_dir / FAILED).unlink(missing_ok=True)
+    if (run_dir / "results.jsonl").exists():
+        (run_dir / "results.jsonl").replace(run_dir / "results.jsonl.replaced")
+
+
+def run_job(cfg: DictConfig, pairs: Pairs) -> None:
+    """One job: skipped if it already finished, else run; done.json last, or failed.json and the error re-raised
+    (Hydra then reports it after the sweep's other jobs ran)."""
+    from .app import run_experiment
+
+    hc = HydraConfig.get()
+    run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
+    if cfg.skip_finished and hc.mode == RunMode.MULTIRUN and finished(run_dir, overrides):
+        print(f"skipped (finished earlier, skip_finished=true): {run_dir}", flush=True)
+        return
+    start_afresh(run_dir)
+    started = time.perf_counter()
+    try:
+        launch = prepare(cfg)
+        run_experiment(cfg, run_dir, overrides, pairs, launch)
+    except Exception as e:
+        record_failure(run_dir, overrides, e, time.perf_counter() - started)
+        raise
+    mark_done(run_dir, overrides, time.perf_counter() - started)
+
+
+def main() -> None:
+    """The Hydra app: one run per job; the jobs of a sweep in one process (the basic launcher) share a pair cache.
+    A config error exits with 2 and its message in a single run; in a sweep it fails that job only."""
+    pairs = Pairs()
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def job(cfg: DictConfig) -> None:
+        try:
+            run_job(cfg, pairs)
+        except ConfigError as e:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                raise
+            print(f"config error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    try:
+        check_renamed(sys.argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    job()
