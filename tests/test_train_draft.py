@@ -8,9 +8,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import experiments.train_draft.app as app
 from experiments.run.settings import validate
-from experiments.train_draft import store
+from experiments.train_draft import app, store
 from experiments.train_draft.data import whole_records
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
