@@ -33,7 +33,7 @@ CONF = ROOT / "conf"
 GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "verify", "experiment")
 
 
-NEEDS_A_TRAINED_HEAD = {("model", "smollm2_head"), ("tree", "head")}  # experiments.train_draft makes one
+NEEDS_A_TRAINED_HEAD = {("model", "smollm2_head"), ("model", "gemma3_head"), ("tree", "head")}  # experiments.train_draft makes one
 
 
 def options(group: str) -> list[str]:

@@ -1,5 +1,5 @@
 """The trained head's keys of bench.json (bench=heads): the best head over the best copy, the head's draft cost c,
-and its tokens per target pass.
+its tokens per target pass, and the best head over target-only (`<pair>_head_vs_target_only`).
 
 A contender drafts with a head when its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders
 whose draft is a model (`drafts: model`).
@@ -32,12 +32,13 @@ def head_ratios(f, result: dict) -> dict[str, float]:
     chain = f.best(fixed) if fixed else best
     stats = f.c[chain]["stats"]
     step_ms = (result.get("costs") or {}).get("target_step_ms")
+    model = (result.get("settings") or {}).get("model", "target")  # the pair: gemma3_head_vs_target_only is a goal
     result["head"] = training_record(f.c[best].get("head"))
     return {
         "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,
         "head_c": head_c(f.c[chain], step_ms),
         "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
-        "head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
+        f"{model}_head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
     }
 
 
