@@ -46,7 +46,10 @@ GOALS: dict[str, float | dict[str, float]] = {
     "head_tokens_per_pass": 2.5,
     # bench=heads with model=gemma3 heads: the best head over target-only
     "gemma3_head_vs_target_only": 1.40,
+    # bench=heads: the head chain's drafting seconds per draft token over one target step (c), at most this
+    "head_c": 0.10,
 }
+AT_MOST = {"head_c"}  # goals met at or below their threshold (a cost); every other goal is met at or above it
 # Ratios bench.json still reports but no longer holds to a target (retired goals): ours over Hugging Face's
 # at the same k and draft (speedup_vs_hf_assisted, speedup_vs_hf_prompt_lookup), measured over Thm 3.8
 # (efficiency_vs_theory), the best drafter in summarization and retrieval (best_drafter_vs_ar_*).
@@ -85,7 +88,8 @@ def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool =
         target, variant = target_of(key, list(flags), greedy)
         measured = value is not None and not math.isnan(value)
         exact = variant == "greedy"
-        met = (abs(value - target) < 1e-9 if exact else value >= target) if measured else None
+        reached = value <= target if key in AT_MOST else value >= target
+        met = (abs(value - target) < 1e-9 if exact else reached) if measured else None
         entries[key] = {"value": value if measured else None, "target": target, "met": met}
         if variant is not None:
             entries[key]["target_for"] = variant

@@ -40,6 +40,7 @@ from transformers import PreTrainedModel
 
 from ..decoding import speculative_generate
 from ..draft.base import Drafter
+from ..draft.head_drafter import HeadDrafter
 from ..draft.model import ModelDrafter
 from ..runtime.cached import CachedLM, logits_width
 from ..runtime.timing import pass_tokens, stopwatch, timed_step
@@ -100,6 +101,12 @@ def measure_timings(
             lm = CachedLM(d.model)
             lm.forward(prefix, last_only=True)
             jobs[name] = timed_step(lm, prefix[:, -1:])
+        elif isinstance(d, HeadDrafter):  # a trained head: one draft token, on a target cache that keeps features
+            source = CachedLM(target)
+            d.share_cache(source)
+            source.forward(prefix[:, :-1])
+            d.start([prefix])
+            jobs[name] = (partial(d.propose, [prefix], 1, GREEDY, logits_width(target), None), lambda: None)
         else:
             d.start([prefix])  # a lookup: one row
             jobs[name] = (partial(d.propose, [prefix], k_max, GREEDY, logits_width(target), None), lambda: None)
