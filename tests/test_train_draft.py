@@ -84,10 +84,10 @@ def test_head_keys_of_the_bench():
         "ar": contender(None, 4, 10.0),
         "copy": contender("model", "auto", 11.0),
         "head_k3": contender("head", 3, 13.2, draft_s=0.6, forwards=100, emitted=30, passes=12),
-        "head_tree": contender("head", 4, 14.0, overrides=["tree=head"], draft_s=0.9, forwards=100, emitted=40,
+        "head_tree": contender("head", 4, 14.0, overrides=["model=gemma3_head", "tree=head"], draft_s=0.9, forwards=100, emitted=40,
                                passes=10),
     }
-    keys = head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}, "settings": {"model": "gemma3"}})
+    keys = head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}})
     assert keys["head_vs_best_copy"] == pytest.approx(14.0 / 11.0)
     assert keys["head_c"] == pytest.approx(0.6 / 100 / 0.060)  # of the chain
     assert keys["head_tokens_per_pass"] == pytest.approx(30 / 12)  # the best fixed-k chain

@@ -21,6 +21,12 @@ def head_c(contender: dict, target_step_ms: float) -> float:
     return stats["seconds"]["draft"] / stats["draft_forwards"] / (target_step_ms / 1000)
 
 
+def pair_of(contender: dict) -> str:
+    """The target's pair of a head contender, by its overrides (model=gemma3_head -> gemma3); else "target"."""
+    pairs = [o.split("=", 1)[1] for o in contender["overrides"] if o.startswith("model=")]
+    return pairs[-1].removesuffix("_head") if pairs else "target"
+
+
 def head_ratios(f, result: dict) -> dict[str, float]:
     """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k, when the bench
     ran a head; `f` is the bench's ratios.Figures."""
@@ -32,7 +38,7 @@ def head_ratios(f, result: dict) -> dict[str, float]:
     chain = f.best(fixed) if fixed else best
     stats = f.c[chain]["stats"]
     step_ms = (result.get("costs") or {}).get("target_step_ms")
-    model = (result.get("settings") or {}).get("model", "target")  # the pair: gemma3_head_vs_target_only is a goal
+    model = pair_of(f.c[best])  # gemma3_head_vs_target_only is a goal
     result["head"] = training_record(f.c[best].get("head"))
     return {
         "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,

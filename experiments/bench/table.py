@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..records import cell, machine_sentence, markdown_table
 from .failures import failed_section
-from .goals import ISSUE_9
+from .goals import AT_MOST, ISSUE_9
 
 
 def load_plain_share(run: dict) -> float | None:
@@ -145,7 +145,7 @@ def goal_target(goals: dict, key: str) -> str:
     goal = goals.get(key)
     if goal is None:
         return ""
-    relation = "= " if goal.get("target_for") == "greedy" else ">= "
+    relation = "= " if goal.get("target_for") == "greedy" else "<= " if key in AT_MOST else ">= "
     return relation + f"{goal['target']}" + (f" ({goal['target_for']})" if goal.get("target_for") else "")
 
 
