@@ -56,3 +56,36 @@ def training_record(folder: str | None) -> dict | None:
     keep = ("teacher", "steps", "training_seconds", "training_chunks", "validation_chunks", "final")
     return {"folder": folder, "head": meta["settings"]["head"], "train": meta["settings"]["train"],
             "data": meta["settings"]["data"], **{k: meta[k] for k in keep}}
+
+
+def head_costs(target_name: str, folders: list[str], repeats: int = 10) -> dict[str, dict]:
+    """c of each head (one draft token's ms over one target step's, timed interleaved with the target by the
+    calibration's own timer) next to its vocabulary size and validation acceptance: the cost-against-alpha trade-off
+    of the draft vocabulary."""
+    from specdec.choose.calibration import measure_timings
+    from specdec.draft.head_drafter import load_head_drafter
+    from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
+
+    target = load_model(target_name)
+    prefix = encode_prompt(load_tokenizer(target_name), "Explain in two sentences why the sky is blue.")
+    drafters = {folder: load_head_drafter(target, folder) for folder in folders}
+    timings = measure_timings(target, drafters, prefix, repeats=repeats, widths=(1,))
+    costs = {}
+    for folder in folders:
+        record = training_record(folder)
+        costs[Path(folder).name] = {"vocab": record["head"]["vocab"], "steps": record["steps"],
+                                    "alpha": record["final"]["alpha"], "greedy_match": record["final"]["greedy_match"],
+                                    "draft_ms": timings.draft_ms[folder], "step_ms": timings.step_ms,
+                                    "c": timings.draft_ms[folder] / timings.step_ms}
+    return costs
+
+
+if __name__ == "__main__":  # python -m experiments.bench.heads <out.json> <target> <head folder>...
+    import sys
+
+    import torch
+
+    from ..records import machine, write_json
+
+    torch.set_num_threads(1)
+    write_json(Path(sys.argv[1]), {"costs": head_costs(sys.argv[2], sys.argv[3:]), "machine": machine("cpu")})
