@@ -57,6 +57,7 @@ class DraftHead(nn.Module):
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.vocab_size = logits_width(target)
         self.attach(target, vocab)
+        self.to(target.get_output_embeddings().weight.device)
 
     def attach(self, target: PreTrainedModel, vocab: torch.Tensor | None) -> None:
         """Share the target's embedding and take the rows `vocab` of its output layer (frozen, not saved)."""

@@ -96,7 +96,7 @@ def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: i
     total, parts = 0.0, {}
     for s in range(1, unroll + 1):
         width = inputs.shape[1] - (s - 1)
-        positions = torch.arange(s - 1, s - 1 + width)[None].expand(features.shape[0], -1)
+        positions = torch.arange(s - 1, s - 1 + width, device=features.device)[None].expand(features.shape[0], -1)
         predicted = head(inputs[:, :width], batch.tokens[:, s : s + width], positions)  # (B, width, d)
         regression = F.smooth_l1_loss(predicted, features[:, s : s + width])
         labels = restricted_labels(head, batch.top_ids[:, s : s + width], batch.top_probs[:, s : s + width])
@@ -114,7 +114,7 @@ def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch
     target_weight: the target's whole output layer (V, d)."""
     head.eval()
     width = batch.tokens.shape[1] - 1
-    positions = torch.arange(width)[None].expand(len(batch), -1)
+    positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
     predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
     target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
     if softcap:
