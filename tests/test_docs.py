@@ -28,7 +28,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "noteb
 NO_HEAD = "no draft head is trained for this target"  # the refusal of draft=head and tree=head without one
 FENCE = re.compile(r"^```")
 INLINE = re.compile(r"`([^`]+)`")
-COMMAND = re.compile(r"(?:\.venv/bin/)?python -m experiments\.(run|bench|report)\b[^`#]*|make [a-z][a-z-]*(?: [A-Z]+=(?:\"[^\"]*\"|\S+))*")
+COMMAND = re.compile(r"(?:\.venv/bin/)?python -m experiments\.(run|bench|report)(?![.\w])[^`#]*|make [a-z][a-z-]*(?: [A-Z]+=(?:\"[^\"]*\"|\S+))*")
 
 
 def commands(path: Path) -> list[tuple[int, str]]:
