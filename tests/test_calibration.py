@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from experiments.run.choices import calibration_markdown, threads_markdown
+from experiments.run.heads import trained_candidates
 from experiments.run.pair import choose_threads_for
 from experiments.run.settings import ConfigError, plan_of, validate
 from specdec import speculative_generate
@@ -130,13 +131,15 @@ def test_bad_candidates_fail_in_the_config_before_loading(make_cfg):
         calibrate(tiny_model("llama"), {}, PROMPT)
 
 
-def test_default_pair_is_calibrated(make_cfg):
+def test_default_pair_is_calibrated(make_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # no head trained here
     cfg = make_cfg()
     assert cfg.model.name == "smollm2"
-    assert list(cfg.model.draft.candidates) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram"]
+    assert list(cfg.model.draft.candidates) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram", "head"]
+    assert list(trained_candidates(cfg.model.draft.candidates)) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram"]
     smaller = make_cfg("~model.draft.candidates.nf4", "~model.draft.candidates.int8")
     validate(smaller)
-    assert list(smaller.model.draft.candidates) == ["dynamic_int8", "bfloat16", "ngram"]
+    assert list(smaller.model.draft.candidates) == ["dynamic_int8", "bfloat16", "ngram", "head"]
 
 
 def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path, make_cfg):

@@ -89,6 +89,7 @@ def test_the_cheapest_measured_bucket_is_chosen():
     assert runtime.bucket(1) == 1
 
 
+@pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_batches_and_trees_on_the_compiled_runtime():
     """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""
     target = compiled_tiny("llama")
