@@ -61,6 +61,7 @@ def with_rule(acceptance):
     return run
 
 
+@pytest.mark.exhaustive  # `make test-all`; make test keeps the batch chi-square cases of test_batch.py
 def test_cutting_rows_to_the_shortest_is_caught(small_vocab_pair):
     target, draft = small_vocab_pair
     run = with_rule(CutToShortest)

@@ -177,7 +177,8 @@ def likeliest_child(tree, depth, nodes):
     return TreeDraft(tree.tokens[best][None], torch.tensor([-1]), tree.q[best][None], tree.modes[best][None])
 
 
-@pytest.mark.parametrize("wrong", [False, True], ids=["first-child", "likeliest-child"])
+@pytest.mark.parametrize("wrong", [pytest.param(False, marks=pytest.mark.exhaustive), True],
+                         ids=["first-child", "likeliest-child"])  # make test: the wrong cut is caught
 def test_chi_square_rejects_a_cut_that_looks_at_the_tokens(small_vocab_pair, monkeypatch, wrong):
     """Keeping the first of three i.i.d. children is exact; keeping the likeliest one is not (it is no
     longer a draw from q), and the same chi-square test rejects it."""
