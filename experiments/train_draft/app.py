@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec.draft.head import DraftHead, frequency_ranked, save_head
+from specdec.draft.head import DraftHead, frequency_ranked, save_atomically, save_head
 from specdec.runtime.models import load_model, load_tokenizer
 from specdec.train.head import Teacher, chunked, first_token_acceptance, head_loss, teacher_pass
 
@@ -51,7 +51,7 @@ def teacher_data(cfg: DictConfig, target, tokenizer) -> tuple[Teacher, dict]:
     teacher = chunked(rows, d.chunk)
     record = {"conversations": len(rows), "tokens": tokens, "chunk_tokens": teacher.tokens.numel(),
               "seconds": time.perf_counter() - started}
-    store.save_atomically({"teacher": vars(teacher), "record": record}, path)
+    save_atomically({"teacher": vars(teacher), "record": record}, path)
     return teacher, record
 
 
@@ -76,7 +76,7 @@ def resume(folder: Path, head: DraftHead, optimizer: torch.optim.Optimizer) -> d
 
 
 def checkpoint(folder: Path, head: DraftHead, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    store.save_atomically({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+    save_atomically({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
                            "rng": torch.get_rng_state()}, folder / store.CHECKPOINT)
 
 

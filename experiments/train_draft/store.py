@@ -14,7 +14,6 @@ import json
 import re
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.runtime.offline import cache_dir
@@ -48,14 +47,6 @@ def head_folder(cfg: DictConfig) -> Path:
 
 def teacher_file(cfg: DictConfig) -> Path:
     return heads_dir() / slug(cfg.model.target.name) / f"teacher-{data_key(cfg)}.pt"
-
-
-def save_atomically(value: object, path: Path) -> None:
-    """torch.save to a side file, then renamed over path: an interruption never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    torch.save(value, partial)
-    partial.replace(path)
 
 
 def trained_heads(target_name: str) -> list[Path]:

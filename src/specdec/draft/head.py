@@ -13,7 +13,7 @@ and a chain continues on its own prediction: f^_{i+1} with the drafted x_{i+2} g
 and W are the target's own, frozen and shared (W_S is a copy of N rows); fc and the body are trained
 (specdec.train.head). Outside S the draft's logits are -inf, so q(x) = 0 there and the draft never proposes such
 a token: speculative sampling stays exact, because the rejection rule only needs every drafted token to be a
-sample of the q it reports (notebook 02 derives it).
+sample of the q it reports (notebook 04 derives it).
 """
 
 from __future__ import annotations
@@ -115,10 +115,16 @@ def save_head(head: DraftHead, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = None if head.vocab.numel() == head.vocab_size else head.vocab.cpu()
     state = {"layers": head.layers, "vocab": vocab, "weights": {k: v.detach().cpu() for k, v in head.state_dict().items()}}
-    partial = folder / (HEAD_FILE + ".partial")
-    torch.save(state, partial)
-    partial.replace(folder / HEAD_FILE)
+    save_atomically(state, folder / HEAD_FILE)
     return folder / HEAD_FILE
+
+
+def save_atomically(value: object, path: Path) -> None:
+    """torch.save to a side file, then renamed over path: an interruption never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    torch.save(value, partial)
+    partial.replace(path)
 
 
 def load_head(folder: str | Path, target: PreTrainedModel) -> DraftHead:

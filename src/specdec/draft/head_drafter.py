@@ -13,15 +13,13 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..checks import check_counts
 from ..runtime.cached import CachedLM
 from ..sampling import Sampling, probabilities, sample
 from .base import RowDrafter
 from .head import DraftHead, load_head
 from .proposal import Draft, RowProposals
 from .tree import TreeDraft, empty_tree
-from .tree_growth import grow_tree
-from .trees import CHILDREN
+from .tree_growth import grow_tree, tree_shape
 
 
 class HeadDrafter(RowDrafter):
@@ -120,11 +118,9 @@ class HeadTreeDrafter(HeadDrafter):
 
     def __init__(self, head: DraftHead, branches: tuple[int, ...] = (2,), depth: int = 4, nodes: int = 16,
                  children: str = "top"):
-        if children not in CHILDREN:
-            raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
-        check_counts(depth=depth, nodes=nodes, **{f"branches[{i}]": b for i, b in enumerate(branches)})
+        branches, mode = tree_shape(branches, depth, nodes, children)
         super().__init__(head)
-        self.branches, self.depth, self.nodes, self.mode = tuple(branches), depth, nodes, CHILDREN[children]
+        self.branches, self.depth, self.nodes, self.mode = branches, depth, nodes, mode
 
     @property
     def most_nodes(self) -> int:

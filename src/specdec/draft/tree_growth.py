@@ -10,9 +10,23 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_counts
 from ..sampling import Sampling, probabilities, sample
-from ..verify.tree import DETERMINISTIC, IID
+from ..verify.tree import DETERMINISTIC, DISTINCT, IID
 from .tree import TreeDraft
+
+CHILDREN = {"top": DETERMINISTIC, "iid": IID, "distinct": DISTINCT}  # how a drafter picks siblings
+
+
+def tree_shape(branches, depth: int, nodes: int, children: str) -> tuple[tuple[int, ...], int]:
+    """Refuse a bad tree shape (the error names the setting); the branches as a tuple and the children's mode."""
+    if children not in CHILDREN:
+        raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
+    check_counts(depth=depth, nodes=nodes)
+    if isinstance(branches, (str, int)) or not len(branches):
+        raise ValueError(f"branches must be a non-empty list of integers >= 1, got {branches!r}")
+    check_counts(**{f"branches[{i}]": b for i, b in enumerate(branches)})
+    return tuple(branches), CHILDREN[children]
 
 
 def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

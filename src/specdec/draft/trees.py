@@ -16,14 +16,12 @@ from transformers import PreTrainedModel
 from ..checks import check_counts, check_ngram_range
 from ..runtime.cached import CachedLM, logits_width
 from ..sampling import Sampling
-from ..verify.tree import DETERMINISTIC, DISTINCT, IID
+from ..verify.tree import DETERMINISTIC, IID
 from .base import Drafter, RowDrafter, share_cache
 from .model import TargetStates
 from .proposal import RowProposals
 from .tree import TreeDraft, chain, empty_tree, merge
-from .tree_growth import grow_tree, one_hot, pick_children
-
-CHILDREN = {"top": DETERMINISTIC, "iid": IID, "distinct": DISTINCT}  # how a model drafter picks siblings
+from .tree_growth import grow_tree, one_hot, pick_children, tree_shape
 
 
 def deterministic_tree(tokens: list[int], parents: list[int], vocab_size: int, device: torch.device) -> TreeDraft:
@@ -137,16 +135,11 @@ class ModelTreeDrafter(RowDrafter):
         children: str = "top",
         reads_target_cache: bool = False,
     ):
-        if children not in CHILDREN:
-            raise ValueError(f"children must be one of {sorted(CHILDREN)}, got {children!r}")
-        check_counts(depth=depth, nodes=nodes)
-        if isinstance(branches, (str, int)) or not len(branches):
-            raise ValueError(f"branches must be a non-empty list of integers >= 1, got {branches!r}")
-        check_counts(**{f"branches[{i}]": b for i, b in enumerate(branches)})
+        branches, mode = tree_shape(branches, depth, nodes, children)
         self.model = model
         self.vocab_size = logits_width(model)
         self.lm = CachedLM(model)
-        self.branches, self.depth, self.nodes, self.mode = tuple(branches), depth, nodes, CHILDREN[children]
+        self.branches, self.depth, self.nodes, self.mode = branches, depth, nodes, mode
         self.fed = torch.zeros(1, 0, dtype=torch.long)  # (1, lm.length) the tokens in the draft cache
         self.states = TargetStates(reads_target_cache)  # see ModelDrafter: a copy of the target reads its cache
 

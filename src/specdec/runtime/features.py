@@ -38,7 +38,7 @@ class FeatureStore(GrowingLayer):
         if not self.held():
             return [torch.zeros(0, 0) for _ in rows]
         features = self.keys[:, 0]  # (B, S, d)
-        return [features[b][live[b]] for b in rows]
+        return [features[b, : live.shape[1]] if bool(live[b].all()) else features[b][live[b]] for b in rows]
 
 
 def last_hidden_state(model: PreTrainedModel) -> torch.nn.Module:
