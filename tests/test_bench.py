@@ -102,6 +102,8 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
         assert key in bench_result["ratios"], key
         assert set(bench_result["goals"][key]) >= {"value", "target", "met"}
     assert bench_result["contenders"][bench_result["best_configuration"]]["owner"] == "ours"
+    short = bench_result["ratios"]["short_outputs_vs_target_only"]  # 10 new tokens: outputs that end early
+    assert short == pytest.approx(bench_result["vs_target_only"]["default"]["geomean"])
     assert bench_result["costs"]["c"] > 0
     for figures in bench_result["contenders"].values():
         assert figures["tokens_per_second"]["median"] > 0 and figures["tokens_per_second"]["n"] == 1

@@ -19,6 +19,7 @@ HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, 
     "speedup_vs_hf_prompt_lookup": ("spec_ngram", "hf_lookup"),
     "ar_vs_hf_plain": ("ar", "hf_plain"),
 }
+SHORT_OUTPUTS = 32  # max_new_tokens at or below which the default over target-only is short_outputs_vs_target_only
 EQUAL_WIDTH = {"ngram": ("spec_ngram", "tree_ngram"), "model": (MODEL_CHAIN, "tree_model")}  # (chain, tree)
 
 
@@ -125,6 +126,8 @@ def other_ratios(f: Figures, result: dict) -> dict[str, float]:
     runs = (result.get("load") or {}).get("runs", {})
     if {"ar", "default"} <= set(runs):  # the load scenario: the same schedule of load for both
         out["default_under_load_vs_target_only"] = runs["default"]["tokens_per_second"] / runs["ar"]["tokens_per_second"]
+    if {"ar", "default"} <= set(f.c) and result["settings"]["max_new_tokens"] <= SHORT_OUTPUTS:
+        out["short_outputs_vs_target_only"] = f.category_geomean("default") / f.category_geomean("ar")
     speculating = f.group("ours", "model", "ngram", "hybrid")  # every offline configuration of ours
     for category in ("summarization", "retrieval"):
         rates = [r for r in (f.tps(name, category) for name in speculating) if not math.isnan(r)]
