@@ -96,6 +96,7 @@ class CompiledForward:
         cuda = model.device.type == "cuda"
         options = cuda_options(autotune) if cuda else cpu_options(autotune)
         allow_graphs(256)
+        self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
@@ -116,9 +117,10 @@ class CompiledForward:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
         shape = tuple(tokens.shape)
-        if shape in self.record.seconds:
-            return self.compiled(tokens, positions, mask, cache)
-        return self.first_call(shape, tokens, positions, mask, cache)
+        with inductor_settings(self.options):
+            if shape in self.record.seconds:
+                return self.compiled(tokens, positions, mask, cache)
+            return self.first_call(shape, tokens, positions, mask, cache)
 
     def first_call(self, shape, tokens, positions, mask, cache) -> torch.Tensor:
         """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
@@ -139,6 +141,15 @@ class CompiledForward:
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return logits
+
+
+def inductor_settings(options: dict[str, object]):
+    """Inductor's global config patched with `options` (a context manager). torch.compile(options=...) hands its
+    options to inductor's inner compile only, after compile_fx has read `freezing` from the global config: passed
+    that way alone, the weights are never frozen and every linear stays an aten::mm on inputs."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(options)
 
 
 def allow_graphs(count: int) -> None:
