@@ -89,6 +89,28 @@ def test_the_cheapest_measured_bucket_is_chosen():
     assert runtime.bucket(1) == 1
 
 
+def test_the_compiler_runs_under_the_runtime_settings():
+    """Freezing is read from inductor's global config before torch.compile's options apply: every compiled call
+    (the first, which compiles, and later ones, which may recompile) runs with the runtime's settings patched in."""
+    import torch._inductor.config as inductor_config
+
+    target = compiled_tiny("llama")
+    runtime = compiled_forward(target)
+    seen = []
+
+    def spy(*args):
+        seen.append((inductor_config.freezing, inductor_config.cpp.weight_prepack))
+        return runtime.run(*args)
+
+    runtime.compiled = spy
+    lm = CachedLM(target)
+    lm.forward(GREEDY_PROMPT[:, :3])
+    lm.forward(GREEDY_PROMPT[:, 3:4])
+    lm.forward(GREEDY_PROMPT[:, 4:5])
+    assert len(seen) >= 2 and set(seen) == {(True, False)}  # autotune=False: frozen, no MKLDNN prepacking
+    assert (inductor_config.freezing, inductor_config.cpp.weight_prepack) != (True, False)  # restored after
+
+
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_batches_and_trees_on_the_compiled_runtime():
     """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""
