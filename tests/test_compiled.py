@@ -21,11 +21,14 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
+from specdec.draft.head import DraftHead
+from specdec.draft.head_drafter import HeadDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
 from specdec.runtime.models import dynamic_int8_copy
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.train.head import teacher_pass
 
 N_NEW = 24
 WIDTHS = (1, 2, 4)
@@ -53,6 +56,24 @@ def test_compiled_greedy_equals_eager_greedy(arch):
     assert compiled_forward(target).record.seconds  # it did run compiled
     assert compiled_forward(target).record.eager_reason is None
     assert largest_logit_difference(target, torch.cat([GREEDY_PROMPT[0], expected])[None]) < 1e-4
+
+
+def test_a_draft_head_reads_the_compiled_targets_features():
+    """The compiled graphs return the last hidden state next to the logits: a draft head drafts from the features
+    of compiled passes (steps, padded passes, the eager prefill), which equal the eager runtime's, and its greedy
+    output is the target's."""
+    target = compiled_tiny("llama")
+    torch.manual_seed(0)
+    head = DraftHead(target, layers=1, vocab=torch.arange(0, 32, 2))
+    lm = CachedLM(target)
+    out = speculative_generate(target, HeadDrafter(head), GREEDY_PROMPT, k=2, sampling=GREEDY, max_new_tokens=N_NEW,
+                               cache=lm)
+    assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, N_NEW))
+    assert (1, 4) in compiled_forward(target).record.seconds  # passes of k + 1 = 3 tokens, padded to 4
+    sequence = torch.cat([GREEDY_PROMPT[0], out.tokens])
+    eager_model(target)
+    torch.testing.assert_close(lm.row_features()[0], teacher_pass(target, sequence)[0][: lm.length], atol=1e-4,
+                               rtol=1e-4)
 
 
 def largest_logit_difference(model, ids: torch.Tensor) -> float:

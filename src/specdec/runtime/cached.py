@@ -78,8 +78,6 @@ class CachedLM:
 
     def keep_features(self) -> None:
         """From the next sequences on, keep each slot's last hidden state (specdec.runtime.features)."""
-        if self.compiled is not None:
-            raise ValueError("a draft head reads the target's features from the eager runtime: use runtime=eager")
         self.keeps_features = True
         if self.features is None and not self.slots:
             self.features = FeatureStore()
@@ -185,9 +183,11 @@ class CachedLM:
         mask = self.masks(positions, ancestry, keys=self.cache.layers[0].capacity)
         held = all(layer.held() for layer in self.cache.layers)
         run = self.compiled if bucket is not None and held else self.compiled.run
-        logits = run(tokens, positions.clamp_min(0), mask, self.cache)
+        logits, hidden = run(tokens, positions.clamp_min(0), mask, self.cache)
         for layer in self.cache.layers:
             layer.keep_slots(self.slots + width)
+        if self.features is not None:
+            self.features.append(hidden[:, :width])
         self.positions = torch.cat([self.positions, positions[:, :width]], dim=1)
         return logits[:, :width, : self.vocab_size]
 

@@ -99,10 +99,14 @@ class CompiledForward:
         self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
-        """The model's logits (B, n, V) for tokens (B, n) at positions (B, n), appended to cache."""
-        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
-                          use_cache=True).logits
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits (B, n, V) and last hidden states (B, n, d) for tokens (B, n) at positions (B, n),
+        appended to cache. The hidden states (after the final norm: a draft head's features,
+        specdec.runtime.features) are one more output of the same graph, so a target that keeps them needs no
+        graphs of its own."""
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
+                         use_cache=True, output_hidden_states=True)
+        return out.logits, out.hidden_states[-1]
 
     @property
     def eager(self) -> bool:
@@ -115,21 +119,21 @@ class CompiledForward:
             return None
         return min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w)) if self.pass_ms else fits[0]
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
         shape = tuple(tokens.shape)
         with inductor_settings(self.options):
             if shape in self.record.seconds:
                 return self.compiled(tokens, positions, mask, cache)
             return self.first_call(shape, tokens, positions, mask, cache)
 
-    def first_call(self, shape, tokens, positions, mask, cache) -> torch.Tensor:
+    def first_call(self, shape, tokens, positions, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
         from torch._dynamo.utils import counters
 
         before = {key: counters["inductor"][f"fxgraph_cache_{key}"] for key in ("hit", "miss", "bypass")}
         start = time.perf_counter()
         try:
-            logits = self.compiled(tokens, positions, mask, cache)
+            out = self.compiled(tokens, positions, mask, cache)
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             self.record.eager_reason = f"{type(error).__name__}: {reason}"[:300]
@@ -140,7 +144,7 @@ class CompiledForward:
         self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - before["hit"]
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
-        return logits
+        return out
 
 
 def inductor_settings(options: dict[str, object]):
