@@ -11,6 +11,7 @@ from typing import TypeVar
 import torch
 
 from specdec import Generation
+from specdec.runtime.compiled import CompiledForward, compiled_forward
 from specdec.runtime.timing import stopwatch
 
 Item = TypeVar("Item")
@@ -60,6 +61,8 @@ class ForwardClock:
     """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
 
     Wall time minus this is the loop's own overhead (sampling, acceptance, cache bookkeeping, Python).
+    A model on the compiled runtime runs its passes through CompiledForward, which calls the model's forward
+    without its hooks (a hook traced into a graph would stop it compiling): those calls are timed there instead.
     """
 
     def __init__(self, models: dict[str, torch.nn.Module | None]):
@@ -67,9 +70,27 @@ class ForwardClock:
         self.seconds = dict.fromkeys(models, 0.0)
         self.calls = dict.fromkeys(models, 0)
         self.handles = []
+        self.wrapped: list[tuple[CompiledForward, str, bool, Callable]] = []  # runtime, attribute, own, original
         for name, model in models.items():
             self.handles.append(model.register_forward_pre_hook(lambda *_: self._start()))
             self.handles.append(model.register_forward_hook(lambda *_, n=name: self._stop(n)))
+            runtime = compiled_forward(model)
+            if runtime is not None:
+                self.time_runtime(name, runtime)
+
+    def time_runtime(self, name: str, runtime: CompiledForward) -> None:
+        """Time the runtime's compiled passes and its eager ones (passes wider than every bucket) as the model's."""
+        for attr in ("compiled", "run"):
+            inner = getattr(runtime, attr)
+
+            def timed(*args, inner=inner):
+                self._start()
+                out = inner(*args)
+                self._stop(name)
+                return out
+
+            self.wrapped.append((runtime, attr, attr in vars(runtime), inner))
+            setattr(runtime, attr, timed)
 
     def _start(self) -> None:
         self.started = time.perf_counter()
@@ -89,6 +110,12 @@ class ForwardClock:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        for runtime, attr, own, inner in reversed(self.wrapped):
+            if own:
+                setattr(runtime, attr, inner)
+            else:
+                delattr(runtime, attr)
+        self.wrapped = []
 
 
 def interleaved(

@@ -104,8 +104,9 @@ class CompiledForward:
         appended to cache. The hidden states (after the final norm: a draft head's features,
         specdec.runtime.features) are one more output of the same graph, so a target that keeps them needs no
         graphs of its own."""
-        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
-                         use_cache=True, output_hidden_states=True)
+        out = self.model.forward(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
+                                 use_cache=True, output_hidden_states=True)  # forward: hooks on the model (a bench's
+        # clock) stay out of the graph; traced into it, a hook that dynamo cannot follow makes the compile fail
         return out.logits, out.hidden_states[-1]
 
     @property
