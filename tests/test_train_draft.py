@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from experiments.run.heads import with_target
 from experiments.run.settings import validate
 from experiments.train_draft import app, store
 from experiments.train_draft.data import whole_records
@@ -58,6 +60,9 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     assert store.trained_heads("random:tiny-target") == [folder]
     validate(make_cfg("model=tiny_random", "draft@model.draft=head"))  # the pair finds the trained head
     validate(make_cfg("model=tiny_random", "tree=head"))
+    node = OmegaConf.create({"checkpoint": folder.name, "target": None})  # the folder's bare name, as printed
+    assert with_target(node, lambda: "target") == {"target": "target", "checkpoint": str(folder)}
+    assert store.head_path("no-such-head") == "no-such-head"  # left for the loader to report
 
 
 def test_sharegpt_reading_stops_at_the_last_whole_record():

@@ -11,6 +11,8 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..train_draft.store import head_path
+
 log = logging.getLogger(__name__)
 
 
@@ -21,8 +23,11 @@ def is_head(node: DictConfig) -> bool:
 
 def with_target(node: DictConfig, target) -> dict:
     """instantiate's extra arguments for a node: the target model for a head node (target: a callable giving
-    it, so that it loads only when a head needs it)."""
-    return {"target": target()} if is_head(node) else {}
+    it, so that it loads only when a head needs it) and its checkpoint as a path (a bare folder name is looked up
+    among the trained heads)."""
+    if not is_head(node):
+        return {}
+    return {"target": target(), "checkpoint": head_path(node.checkpoint)}
 
 
 def trained_candidates(candidates: DictConfig) -> dict[str, DictConfig]:

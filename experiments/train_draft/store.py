@@ -63,6 +63,19 @@ def resolve_checkpoint(checkpoint: str | None, target_name: str) -> str | None:
     return str(heads[0]) if heads else None
 
 
+def head_path(checkpoint: str | None) -> str | None:
+    """A head folder as configured: a path, or the bare name of a folder under the cache's heads/<target>/ (as
+    experiments.train_draft prints it and docs/results name it). A name found nowhere is returned unchanged, for
+    the loader to report."""
+    if checkpoint is None or Path(checkpoint).exists():
+        return checkpoint
+    found = sorted(m.parent for m in heads_dir().glob(f"*/{checkpoint}/{META}"))
+    if len(found) > 1:
+        raise ValueError(f"head folder {checkpoint!r} exists for several targets: {[str(f) for f in found]}; "
+                         "give its path")
+    return str(found[0]) if found else checkpoint
+
+
 def trained_head(target_name: str) -> str | None:
     """`${trained_head:<target>}` in a config: the folder of the latest head trained for the target, or None."""
     return resolve_checkpoint("auto", target_name)
