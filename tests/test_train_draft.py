@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.run.heads import with_target
-from experiments.run.settings import validate
+from experiments.run.settings import ConfigError, validate
 from experiments.train_draft import app, store
 from experiments.train_draft.data import whole_records
 
@@ -63,6 +63,9 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     node = OmegaConf.create({"checkpoint": folder.name, "target": None})  # the folder's bare name, as printed
     assert with_target(node, lambda: "target") == {"target": "target", "checkpoint": str(folder)}
     assert store.head_path("no-such-head") == "no-such-head"  # left for the loader to report
+    validate(make_cfg("model=tiny_random", "draft@model.draft=head", f"model.draft.checkpoint={folder.name}"))
+    with pytest.raises(ConfigError, match="no trained draft head at no-such-head"):
+        validate(make_cfg("model=tiny_random", "draft@model.draft=head", "model.draft.checkpoint=no-such-head"))
 
 
 def test_sharegpt_reading_stops_at_the_last_whole_record():
