@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from specdec.choose.calibration import Calibration
+from specdec.draft.switch import DraftSwitch
 from specdec.runtime.compiled import CompiledForward, compiled_forward
 from specdec.runtime.timing import ThreadChoice
 
@@ -87,7 +88,8 @@ def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
 
 def runtimes_of(target: PreTrainedModel, drafter: object) -> dict[str, CompiledForward]:
     """The compiled runtimes of the target and of the drafter's models (every candidate of a DraftSwitch)."""
-    members = getattr(drafter, "candidates", None) or {"": drafter}
+    members = drafter.candidates if isinstance(drafter, DraftSwitch) else {"": drafter}  # not getattr: a
+    # string-level drafter's `candidates` is a method
     models = {"target": target} | {f"draft {name}".strip(): d.model for name, d in members.items()
                                     if getattr(d, "model", None) is not None}
     return {role: runtime for role, model in models.items() if (runtime := compiled_forward(model)) is not None}
