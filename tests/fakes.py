@@ -44,23 +44,24 @@ class BareDrafter:
         pass
 
 
-def chain_round(k, drafted, overlaps, seconds):
-    """What a rule observes of a chain round that chose k and drafted `drafted` tokens."""
+def chain_round(k, drafted, overlaps, seconds, timed=True):
+    """What a rule observes of a chain round that chose k and drafted `drafted` tokens (timed=False: a graph
+    compiled during it)."""
     from specdec.choose.cost import Choice
     from specdec.draft.proposal import Draft, RowProposals
 
     draft = RowProposals([Draft(torch.zeros(drafted, dtype=torch.long), torch.zeros(drafted, 1))])
     return SimpleNamespace(choice=Choice(k), proposed=draft, verified=draft, path=[[]], overlaps=[overlaps],
-                           seconds=seconds)
+                           seconds=seconds, timed=timed)
 
 
-def tree_round(choice, proposed, kept, path, seconds):
+def tree_round(choice, proposed, kept, path, seconds, timed=True):
     """What a rule observes of a tree round, from the parents of the proposed and the kept tree."""
     def one_row(parents):
         return SimpleNamespace(rows=[SimpleNamespace(parents=torch.tensor(parents, dtype=torch.long))])
 
     return SimpleNamespace(choice=choice, proposed=one_row(proposed), verified=one_row(kept), path=[list(path)],
-                           overlaps=[torch.zeros(0)], seconds=seconds)
+                           overlaps=[torch.zeros(0)], seconds=seconds, timed=timed)
 
 
 def log_target_passes(monkeypatch, log: list) -> None:

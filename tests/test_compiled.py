@@ -153,6 +153,26 @@ def test_the_compiler_runs_under_the_runtime_settings():
     assert (inductor_config.freezing, inductor_config.cpp.weight_prepack) != (True, False)  # restored after
 
 
+@pytest.mark.exhaustive  # make test keeps the rule's side (tests/test_cost_model.py)
+def test_a_round_that_compiles_a_graph_teaches_k_auto_no_times():
+    """A graph compiles (or loads from disk) at its first pass: seconds to a minute, timed as that round's pass. The
+    loop marks such a round untimed, and k="auto" learns its acceptance but not its times (it took a 56 s compile
+    for the cost of a plain step and drafted where plain steps were faster)."""
+    from specdec.choose.cost import CostModel
+
+    target = compiled_tiny("llama")
+    rule, rounds, recorded = CostModel(k_max=3), [], []
+    observe, record_pass = rule.observe, rule.record_pass
+    rule.observe = lambda r: (rounds.append(r.timed), observe(r))[1]
+    rule.record_pass = lambda *a: (recorded.append(a), record_pass(*a))[1]
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=rule,
+                               sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, N_NEW))
+    untimed = rounds.count(False)
+    assert 1 <= untimed <= len(WIDTHS)  # at most one first pass per bucket
+    assert len(recorded) == len(rounds) - untimed  # no pass time from a compiling round
+
+
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_batches_and_trees_on_the_compiled_runtime():
     """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""

@@ -101,6 +101,18 @@ def test_warm_up_then_formula():
     assert choice.k == best_draft_length(model.acceptance(), model.cost)
 
 
+def test_a_round_that_compiled_a_graph_is_learned_without_its_times():
+    """Warm-up repeats a step whose seconds timed a compile; a compiling draft round gives acceptance, no times."""
+    model = CostModel(k_max=5)
+    model.observe(chain_round(0, 0, torch.zeros(0), {"verify": 56.0}, timed=False))
+    assert not model.pass_times and model.choose(10).k == 0  # the plain step again
+    model.observe(chain_round(0, 0, torch.zeros(0), {"verify": 0.05}))
+    model.observe(chain_round(5, 5, torch.tensor([1.0, 1.0, 0.0]), {"draft": 0.5, "verify": 48.0}, timed=False))
+    assert set(model.pass_times) == {1} and not model.draft_times and not model.ready
+    assert model.acceptance()[0] > model.prior  # its acceptance counted
+    assert model.choose(10).k == 5  # the longest draft again, to time it
+
+
 def test_plain_steps_do_not_freeze_the_rule():
     """A bad draft sends the rule to k = 0; its evidence then decays and drafting is tried again."""
     model = hand_set_model([0.05] * 4, {1: 1.0, 5: 1.2}, 0.05)

@@ -39,6 +39,7 @@ from .draft.proposal import Draft, RowProposals
 from .draft.tree import prune_tree
 from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
+from .runtime.compiled import graphs_built
 from .runtime.masks import check_tree_backend
 from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling
@@ -59,6 +60,8 @@ class Round:
     path: list[list[int]]  # each row's accepted node ids of its proposal, in path order
     overlaps: list[torch.Tensor]  # each row's (observed,) beta = sum_x min(p, q) on its output path, on the device
     seconds: dict[str, float]  # "draft", "verify"
+    timed: bool = True  # False: a graph compiled during the round (specdec.runtime.compiled), so its seconds time
+    # the compile (up to a minute), not the draft or the pass: rules learn its acceptance, not its times
 
     @property
     def depth(self) -> int:
@@ -168,6 +171,7 @@ def decode(
                 choice = rule.choose(state.room(), len(state.order))  # from past rounds; never past the budget
                 apply_choice(choice, drafter)
                 spent: dict[str, float] = {}
+                graphs = graphs_built()
                 with stopwatch(spent, "draft", sync, clock):
                     proposed = propose(drafter, state, choice, sampling, vocab, generator, acceptance.trees)
                     verified = cut(proposed, choice, max_nodes)
@@ -175,7 +179,8 @@ def decode(
                     p = verified.score(lm, state.tokens, sampling, vocab)  # (n_b + 1, V) per row
                     paths, next_tokens = acceptance.accept_rows(p, verified, generator)
                     lm.keep(verified.size, paths)
-                round = Round(choice, proposed, verified, paths, verified.overlaps(p, paths), spent)
+                round = Round(choice, proposed, verified, paths, verified.overlaps(p, paths), spent,
+                              timed=graphs_built() == graphs)
                 observe(stats, rule, round, state, acceptance.trees)
                 state.extend(verified.accepted(paths), next_tokens)
                 state.retire(lm, drafter)

@@ -85,6 +85,7 @@ class Round(Protocol):
     path: list[list[int]]  # each row's accepted node ids of its proposal
     overlaps: list[torch.Tensor]  # each row's (observed,) beta = sum_x min(p, q) on its output path
     seconds: dict[str, float]  # "draft", "verify"
+    timed: bool  # False: its seconds timed a compile (specdec.runtime.compiled), not the round: not learned
 
 
 class FixedDraftLength:
@@ -191,13 +192,15 @@ class CostModel:
 
     def observe(self, round: Round) -> None:
         """A finished round: its rows, draft and verify times, and every row's beta_i at the positions it
-        reached. A k = 0 round called no drafter and times only its pass."""
+        reached. A k = 0 round called no drafter and times only its pass; a round that compiled a graph times
+        nothing (its seconds are the compile's)."""
         self.round += 1
         rows, drafted = len(round.verified.rows), round.verified.size
-        if round.choice.k:
-            self.record_draft(drafted, round.seconds["draft"], rows)
-        self.record_pass(rows * (drafted + 1), round.seconds["verify"])
-        self.plain_timed |= drafted == 0
+        if round.timed:
+            if round.choice.k:
+                self.record_draft(drafted, round.seconds["draft"], rows)
+            self.record_pass(rows * (drafted + 1), round.seconds["verify"])
+            self.plain_timed |= drafted == 0
         self.record_acceptance(*(o.tolist() for o in round.overlaps))  # (observed,) each -> host
 
     # estimates --------------------------------------------------------------------------------------

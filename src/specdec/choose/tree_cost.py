@@ -89,11 +89,12 @@ class TreeCostModel(CostModel):
         verified (kept) tree, and its draft and verify seconds."""
         self.round += 1
         proposed, kept = round.proposed.rows[0].parents.tolist(), round.verified.rows[0].parents.tolist()
-        if round.choice.k:
-            if proposed:
-                self.shape = proposed
-            self.record_draft(max(tree_depths(proposed), default=0), round.seconds["draft"])
-        self.record_pass(len(kept) + 1, round.seconds["verify"])
+        if round.choice.k and proposed:
+            self.shape = proposed
+        if round.timed:  # not a round that compiled a graph (specdec.decoding.Round.timed)
+            if round.choice.k:
+                self.record_draft(max(tree_depths(proposed), default=0), round.seconds["draft"])
+            self.record_pass(len(kept) + 1, round.seconds["verify"])
         self.record_trials(walk_trials(kept, round.path[0]))
 
     # estimates --------------------------------------------------------------------------------------

@@ -168,6 +168,12 @@ def allow_graphs(count: int) -> None:
 RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionary()
 
 
+def graphs_built() -> int:
+    """Graphs compiled (or loaded from the disk cache) so far by every model's runtime. A pass during which this
+    count grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
+    return sum(len(runtime.record.seconds) for runtime in list(RUNTIMES.values()))
+
+
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
