@@ -25,7 +25,7 @@ from specdec.draft.head import DraftHead
 from specdec.draft.head_drafter import HeadDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
+from specdec.runtime.compiled import build_graphs, compile_model, compiled_forward, eager_model, graphs_built
 from specdec.runtime.models import dynamic_int8_copy
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass
@@ -172,6 +172,14 @@ def test_a_round_that_compiles_a_graph_teaches_k_auto_no_times():
     assert 1 <= untimed <= len(WIDTHS)  # at most one first pass per bucket
     assert len(recorded) == len(rounds) - untimed  # no pass time from a compiling round
 
+    fresh = compiled_tiny("llama")
+    build_graphs(fresh)  # what experiments.run does when it loads a model: every bucket now
+    assert set(compiled_forward(fresh).record.seconds) == {(1, w) for w in WIDTHS}
+    graphs = graphs_built()
+    speculative_generate(fresh, ModelDrafter(perturbed_copy(fresh, 0.15)), GREEDY_PROMPT, k="auto",
+                         sampling=GREEDY, max_new_tokens=N_NEW)
+    assert graphs_built() == graphs  # no pass compiled
+
 
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_batches_and_trees_on_the_compiled_runtime():
@@ -248,7 +256,8 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
                             "runtime=compiled", "runtime.capacity=128", "logger=none"), tmp_path)
     runtime = json.loads((tmp_path / "runtime.json").read_text())
     assert set(runtime) == {"target", "draft"}
-    assert {"1x1", "1x4"} <= set(runtime["target"]["seconds"])  # steps, and k + 1 = 4 verified per pass
+    assert set(runtime["target"]["seconds"]) == {"1x1", "1x2", "1x4", "1x8"}  # every bucket (conf/runtime/compiled.yaml),
+    # built when the model loaded
     assert runtime["target"]["eager_reason"] is None
     assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
     rows = pd.read_json(tmp_path / "results.jsonl", lines=True)

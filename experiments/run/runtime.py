@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
-from specdec.runtime.compiled import check_settings, compile_model
+from specdec.runtime.compiled import build_graphs, check_settings, compile_model
 
 from .settings import ConfigError, check_int
 
@@ -30,3 +30,4 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
         return
     compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
+    build_graphs(model)  # now, not in a timed pass

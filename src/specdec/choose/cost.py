@@ -27,6 +27,8 @@ Every number is measured while generating; nothing is a hard-coded timing consta
   is reached (for a deterministic drafter, q_i is one-hot and beta_i = p_i(x_i)), averaged over the
   rounds that reached position i with weights that decay by `decay` per round; a position with
   little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`).
+A round during which a graph of the compiled runtime compiled (specdec.runtime.compiled: a first pass of its
+shape, seconds to a minute) gives its acceptance but no times.
 
 A round with k = 0 is a plain target step and calls no drafter (a draft model catches up on the
 unseen tail at its next proposal). A lookup drafter is asked for the chosen k tokens, which for prompt

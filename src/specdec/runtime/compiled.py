@@ -168,6 +168,20 @@ def allow_graphs(count: int) -> None:
 RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionary()
 
 
+def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
+    """Compile (or load from inductor's disk cache) the model's graphs of `rows` rows at every width bucket now,
+    one dummy pass each on a cache of its own, so that no timed pass pays a first compile (up to a minute with
+    autotune). Eager models: nothing to do."""
+    runtime = compiled_forward(model)
+    if runtime is None or runtime.eager:
+        return
+    from .cached import CachedLM  # (that module imports this one)
+
+    lm = CachedLM(model)
+    for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
+        lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
+
+
 def graphs_built() -> int:
     """Graphs compiled (or loaded from the disk cache) so far by every model's runtime. A pass during which this
     count grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
