@@ -20,8 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.sampling import Sampling
 
 from ..records import REPO_ROOT
-from ..train_draft.store import head_path
-from .heads import is_head, trained_candidates
+from .heads import trained_candidates, with_target
 from .schema import AUTO, Method, RunConfig
 
 CONF_DIR = REPO_ROOT / "conf"  # the config tree at the repository's root
@@ -170,8 +169,7 @@ def check_target(node: object, key: str) -> None:
     stand_ins = {"model": StandInModel()} if takes_model else {}
     stand_ins |= {key: StandInModel() for key in ("draft_tokenizer", "target_tokenizer", "target") if key in node}  # nor
     # tokenizers: a cross-vocabulary drafter's (specdec.draft.cross_vocab) load in seconds
-    if is_head(node):  # a head: its folder's bare name is looked up, as when it is built
-        stand_ins["checkpoint"] = head_path(node.checkpoint)
+    stand_ins |= with_target(node, StandInModel)  # a head: its checkpoint resolved as when it is built
     try:
         instantiate(node, **stand_ins)
     except InstantiationException as e:

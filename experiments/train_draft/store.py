@@ -58,7 +58,7 @@ def trained_heads(target_name: str) -> list[Path]:
 def resolve_checkpoint(checkpoint: str | None, target_name: str) -> str | None:
     """A head folder as configured, or for `auto` the latest finished head for the target (None: none trained)."""
     if checkpoint not in (None, "auto"):
-        return checkpoint
+        return head_path(checkpoint)
     heads = trained_heads(target_name)
     return str(heads[0]) if heads else None
 
