@@ -235,13 +235,17 @@ def test_gpu_batch_study_on_toy_shapes(tmp_path):
 @pytest.mark.exhaustive  # compiles the toy target (seconds per graph, twice); tests/test_compiled.py covers the runtime
 def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
     """bench=runtime on the toy pair: each profile's pass costs over widths 1..3, the compile cold and warm (the
-    warm one loaded from inductor's disk cache), outputs equal to eager target-only's, and the runtime goals."""
+    warm one loaded from inductor's disk cache), outputs equal to eager target-only's, and the runtime goals; a
+    profile with dtype=bfloat16 runs on a bf16 copy, checked against its own target-only."""
     result = bench(
         tmp_path, "bench=runtime", *TINY, "bench.runtime_study.max_width=3", "bench.runtime_study.repeats=2",
-        "~bench.runtime_study.profiles.autotune", "bench.runtime_study.profiles.compiled.widths=[1,2]",
+        "~bench.runtime_study.profiles.autotune", "~bench.runtime_study.profiles.autotune_bf16",
+        "bench.runtime_study.profiles.compiled.widths=[1,2]", "bench.runtime_study.report=compiled",
         bench_name="runtime",
     )  # fmt: skip
-    assert set(result["profiles"]) == {"eager", "compiled"}
+    assert set(result["profiles"]) == {"eager", "compiled", "eager_bf16"}
+    bf16, eager = result["profiles"]["eager_bf16"], result["profiles"]["eager"]
+    assert bf16["dtype"] == "bfloat16" and eager["dtype"] == "float32"
     compiled = result["profiles"]["compiled"]
     assert set(compiled["pass_cost"]) == {"1", "2", "3"} and compiled["pass_cost"]["1"] == 1.0
     assert compiled["compile"]["cold"]["misses"] == 2 and compiled["compile"]["warm"]["hits"] == 2

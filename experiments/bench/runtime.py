@@ -3,7 +3,8 @@
 python -m experiments.bench bench=runtime
 
 For each runtime profile (eager; compiled with inductor's default GEMMs; compiled with max_autotune's C++ GEMM
-template) on the pair's target, in one process, so that every ratio compares timings of one machine and load:
+template; the last two again on a bfloat16 copy of the weights) on the pair's target, in one process, so that every
+ratio compares timings of one machine and load:
 - the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
   in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
 - the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
@@ -11,11 +12,12 @@ template) on the pair's target, in one process, so that every ratio compares tim
 - the step against the memory bound: the ms to read the weights once at the bandwidth of a `sum` measured now;
 - the compiled logits against the eager ones on every prompt (largest absolute difference);
 - end to end, greedy: our target-only loop, and speculative decoding with prompt lookup (k = 3, a 4-wide pass),
-  tokens per second, outputs checked against the eager target-only's, next to Hugging Face's plain generate.
+  tokens per second, outputs checked against the eager target-only's of the same weights, next to Hugging Face's plain generate.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -30,6 +32,7 @@ from transformers import PreTrainedModel
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, eager_model
+from specdec.runtime.models import DTYPES
 from specdec.runtime.timing import forward_ms
 
 from ..records import machine, markdown_table, write_result
@@ -132,37 +135,57 @@ def hf_plain(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: l
 
 def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study: DictConfig, *, n: int,
                       eos: list[int], log: Callable[[str], None] = print) -> dict:
-    """The study (module docstring) on model over prompts (1, L_i); study: profiles, max_width, repeats."""
-    prefix = prompts[0]
-    widths = list(range(1, study.max_width + 1))
+    """The study (module docstring) on model over prompts (1, L_i); study: profiles, max_width, repeats. A profile
+    with a `dtype` runs on a copy of the model in that dtype, against its own memory bound, and its outputs are
+    checked against the first profile of the same dtype (the same weights)."""
     bound_ms, gbps = memory_bound_ms(model)
     log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
-    eager_logits = [last_logits(model, ids) for ids in prompts]
     result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
                     "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
-    reference = None
+    models, references = {}, {}
     for name, profile in study.profiles.items():
-        entry: dict = {"settings": OmegaConf.to_container(profile)}
-        if profile.name == "compiled":
-            entry["compile"] = compile_seconds(model, profile, prefix)
-            entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
-        ms = pass_ms(model, prefix, widths, study.repeats)
-        entry["pass_ms"] = ms
-        entry["pass_cost"] = {w: ms[w] / ms[1] for w in widths}
-        entry["step_vs_memory_bound"] = ms[1] / bound_ms
-        e2e = end_to_end(model, prompts, n, eos)
-        outputs = e2e.pop("outputs")
-        reference = reference or outputs["ar"]
-        e2e["outputs_equal_eager_target_only"] = all(
+        dtype = profile.get("dtype") or str(model.dtype).removeprefix("torch.")
+        if dtype not in models:
+            models[dtype] = weights_in(model, dtype)
+        entry, outputs = run_profile(models[dtype], prompts, profile, study, n=n, eos=eos)
+        reference = references.setdefault(dtype, outputs["ar"])
+        entry["outputs_equal_eager_target_only"] = all(
             torch.equal(a, b) for key in outputs for a, b in zip(outputs[key], reference))
-        entry.update(e2e)
-        eager_model(model)
-        torch._dynamo.reset()
         result["profiles"][name] = entry
-        log(f"{name}: step {ms[1]:.1f} ms, pass cost " + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items())
-            + f"; target-only {e2e['ar_tokens_per_s']:.1f} tok/s, lookup {e2e['lookup_k3_tokens_per_s']:.1f}")
+        log(f"{name}: step {entry['pass_ms'][1]:.1f} ms, pass cost "
+            + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items())
+            + f"; target-only {entry['ar_tokens_per_s']:.1f} tok/s, lookup {entry['lookup_k3_tokens_per_s']:.1f}")
     keys = headline(result, study.report)
     return result | {"keys": keys, "goals": runtime_goal_entries(keys)}
+
+
+def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
+    """The model itself if its weights are in `dtype`, else a copy in it (a float32 target read as bfloat16: half
+    the bytes of a step)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"runtime profile dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
+
+
+def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: DictConfig, study: DictConfig, *,
+                n: int, eos: list[int]) -> tuple[dict, dict]:
+    """One profile's figures (compile, logits against eager, pass costs, step against the memory bound of these
+    weights, end to end) and its outputs; the model is eager again afterwards."""
+    prefix, widths = prompts[0], list(range(1, study.max_width + 1))
+    entry: dict = {"settings": OmegaConf.to_container(profile), "dtype": str(model.dtype).removeprefix("torch.")}
+    if profile.name == "compiled":
+        eager_logits = [last_logits(model, ids) for ids in prompts]
+        entry["compile"] = compile_seconds(model, profile, prefix)
+        entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
+    ms = pass_ms(model, prefix, widths, study.repeats)
+    bound_ms = memory_bound_ms(model)[0]
+    entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,
+              "step_vs_memory_bound": ms[1] / bound_ms}
+    e2e = end_to_end(model, prompts, n, eos)
+    outputs = e2e.pop("outputs")
+    eager_model(model)
+    torch._dynamo.reset()
+    return entry | e2e, outputs
 
 
 def headline(result: dict, report: str) -> dict:
