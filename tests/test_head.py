@@ -10,6 +10,8 @@ trainable.
 - A few training steps on a tiny target raise its acceptance; save and load keep the head.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from fakes import GREEDY_PROMPT
@@ -31,7 +33,8 @@ from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.tiny import perturbed_copy, tiny_model
 from specdec.sampling import probabilities
-from specdec.train.head import chunked, first_token_acceptance, head_loss, restricted_labels, teacher_pass
+from specdec.train.head import (answer_positions, chunked, first_token_acceptance, head_loss, restricted_labels,
+                                teacher_pass)
 
 PROMPT = torch.tensor([[0, 3, 1]])
 N_TOKENS = 3
@@ -238,3 +241,33 @@ def test_head_tree_paths_equal_the_chain_drafts(trained_tiny):
                          sampling=GREEDY, max_new_tokens=15)
     assert torch.equal(tree.tokens, chain.tokens)
     assert tree.stats.accepted == chain.stats.accepted > 0
+
+
+def test_the_answer_mask_limits_the_loss_and_the_validation_to_answer_positions():
+    """answers_only: the loss moves with the teacher's labels at answer positions only, equals the unmasked loss when
+    every position is an answer, and the validation adds the acceptance over the answer positions."""
+    target = tiny_model("llama", seed=0)
+    rows = []
+    for seed in range(2):
+        text = torch.randint(32, (16,), generator=torch.Generator().manual_seed(seed))
+        is_answer = torch.arange(16) >= 6  # a 6-token prompt, then the answer
+        rows.append((text, *teacher_pass(target, text), answer_positions(is_answer)))
+    batch = chunked(rows, 16).batch(slice(None))
+    assert batch.answer[:, :5].sum() == 0 and batch.answer[:, 5:15].all() and batch.answer[:, 15].sum() == 0
+    head = random_head(target, vocab=None)
+    with torch.no_grad():
+        masked = head_loss(head, batch, ce_weight=1.0, answers_only=True)[0]
+        prompt_changed = replace(batch, top_probs=batch.top_probs.clone())
+        prompt_changed.top_probs[:, :5] = prompt_changed.top_probs[:, :5].flip(-1)
+        assert torch.equal(head_loss(head, prompt_changed, ce_weight=1.0, answers_only=True)[0], masked)
+        assert not torch.equal(head_loss(head, prompt_changed, ce_weight=1.0)[0], head_loss(head, batch, ce_weight=1.0)[0])
+        answer_changed = replace(batch, top_probs=batch.top_probs.clone())
+        answer_changed.top_probs[:, 8:] = answer_changed.top_probs[:, 8:].flip(-1)
+        assert not torch.equal(head_loss(head, answer_changed, ce_weight=1.0, answers_only=True)[0], masked)
+        everything = replace(batch, answer=torch.ones_like(batch.answer))
+        torch.testing.assert_close(head_loss(head, everything, ce_weight=1.0, answers_only=True)[0],
+                                   head_loss(head, batch, ce_weight=1.0)[0])
+    with pytest.raises(ValueError, match="marks the answers"):
+        head_loss(head, replace(batch, answer=None), answers_only=True)
+    scores = first_token_acceptance(head, batch, target.get_output_embeddings().weight)
+    assert scores["answer_positions"] == 20 and 0 <= scores["answer_alpha"] <= 1

@@ -12,11 +12,11 @@ from omegaconf import OmegaConf
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
 from experiments.train_draft import app, store
-from experiments.train_draft.data import whole_records
+from experiments.train_draft.data import encode, whole_records
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 TINY = ["model=tiny_random", "data.source=bundled", "data.conversations=8", "data.self_distill=true",
-        "data.answer_tokens=40", "data.chunk=16", "head.vocab=128", "train.steps=30", "train.eval_every=5",
+        "data.answer_tokens=40", "data.max_tokens=2048", "data.chunk=16", "head.vocab=128", "train.steps=30", "train.eval_every=5",
         "train.checkpoint_every=10", "train.batch=4", "logger=none", "threads=1"]
 
 
@@ -54,6 +54,8 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     curve = json.loads((folder / "curve.json").read_text())
     assert meta["steps"] == 30 and [p["step"] for p in curve] == [5, 10, 15, 20, 25, 30]  # resumed at 10
     assert meta["teacher"]["tokens"] > 0 and 0 < meta["final"]["alpha"] <= 1
+    assert 0 < meta["teacher"]["answer_positions"] < meta["teacher"]["chunk_tokens"]  # the prompts are not answers
+    assert 0 <= meta["final"]["answer_alpha"] <= 1
     assert (tmp_path / "second" / "learning_curve.png").stat().st_size > 0
     assert "| step |" in (tmp_path / "second" / "head.md").read_text()
 
@@ -66,6 +68,20 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     validate(make_cfg("model=tiny_random", "draft@model.draft=head", f"model.draft.checkpoint={folder.name}"))
     with pytest.raises(ConfigError, match="no trained draft head at no-such-head"):
         validate(make_cfg("model=tiny_random", "draft@model.draft=head", "model.draft.checkpoint=no-such-head"))
+
+
+def test_a_conversation_marks_the_assistants_tokens(smollm2):
+    """encode: the tokens marked as answers are the assistant turns' text and closing tokens, nothing of the user's
+    turns or the template's headers; max_tokens cuts ids and marks alike."""
+    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue is one."},
+             {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green."}]
+    tokenizer = smollm2[1]
+    ids, is_answer = encode(tokenizer, turns)
+    answer = tokenizer.decode(ids[is_answer])
+    assert "Blue is one." in answer and "Green." in answer
+    assert "colour" not in answer and "Another" not in answer and "assistant" not in answer
+    cut_ids, cut_answer = encode(tokenizer, turns, max_tokens=10)
+    assert torch.equal(cut_ids, ids[:10]) and torch.equal(cut_answer, is_answer[:10])
 
 
 def test_sharegpt_reading_stops_at_the_last_whole_record():

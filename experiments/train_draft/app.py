@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from specdec.draft.head import DraftHead, frequency_ranked, save_atomically, save_head
 from specdec.runtime.models import load_model, load_tokenizer
-from specdec.train.head import Teacher, chunked, first_token_acceptance, head_loss, teacher_pass
+from specdec.train.head import (Teacher, answer_positions, chunked, first_token_acceptance, head_loss,
+                                teacher_pass)
 
 from ..records import machine, write_json
 from ..run.logger import make_logger
@@ -44,22 +45,30 @@ def teacher_data(cfg: DictConfig, target, tokenizer) -> tuple[Teacher, dict]:
     d = cfg.data
     answers = d.answer_tokens if d.self_distill else 0
     texts = token_rows(d.source, tokenizer, d.conversations, d.max_tokens, target, answers)
-    for ids in tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv"):
+    for ids, is_answer in tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv"):
         if ids.numel() >= d.chunk:
-            rows.append((ids, *teacher_pass(target, ids, d.top_k)))
+            rows.append((ids, *teacher_pass(target, ids, d.top_k), answer_positions(is_answer)))
             tokens += ids.numel()
     teacher = chunked(rows, d.chunk)
     record = {"conversations": len(rows), "tokens": tokens, "chunk_tokens": teacher.tokens.numel(),
+              "answer_positions": int(teacher.answer.sum()),
               "seconds": time.perf_counter() - started}
     save_atomically({"teacher": vars(teacher), "record": record}, path)
     return teacher, record
 
 
 def validation_acceptance(head: DraftHead, validation: Teacher, weight: torch.Tensor, softcap, batch: int) -> dict:
-    """alpha and the greedy match rate over every validation chunk, in batches."""
+    """alpha and the greedy match rate over every validation chunk, in batches (equal positions each), and over
+    the positions drafting an assistant's token (weighted by their count in each batch)."""
     parts = [first_token_acceptance(head, validation.batch(slice(i, i + batch)), weight, softcap)
              for i in range(0, len(validation), batch)]
-    return {key: sum(p[key] for p in parts) / len(parts) for key in parts[0]}
+    sizes = [min(batch, len(validation) - i) for i in range(0, len(validation), batch)]
+    out = {key: sum(p[key] * n for p, n in zip(parts, sizes)) / sum(sizes) for key in ("alpha", "greedy_match")}
+    answers = sum(p.get("answer_positions", 0) for p in parts)
+    for key in ("answer_alpha", "answer_greedy_match"):
+        if answers:
+            out[key] = sum(p[key] * p["answer_positions"] for p in parts) / answers
+    return out
 
 
 def resume(folder: Path, head: DraftHead, optimizer: torch.optim.Optimizer) -> dict:
@@ -110,7 +119,7 @@ def train(cfg: DictConfig, head: DraftHead, data: tuple[Teacher, Teacher], folde
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, step)
         batch = training.batch(torch.randint(len(training), (t.batch,), generator=generator))
-        loss, parts = head_loss(head, batch, t.ce_weight, t.unroll, t.noise)
+        loss, parts = head_loss(head, batch, t.ce_weight, t.unroll, t.noise, t.answers_only)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -8,11 +8,13 @@ from pathlib import Path
 from ..records import markdown_table
 from . import store
 
-COLUMNS = ("step", "tokens", "loss", "alpha", "greedy_match", "seconds")
+COLUMNS = ("step", "tokens", "loss", "alpha", "greedy_match", "answer_alpha", "answer_greedy_match", "seconds")
+MEASURES = ("alpha", "greedy_match", "answer_alpha", "answer_greedy_match")  # answer_*: on the answers' positions
 
 
 def curve_table(curve: list[dict]) -> str:
-    return markdown_table(COLUMNS, [[point.get(c) for c in COLUMNS] for point in curve])
+    columns = [c for c in COLUMNS if any(c in point for point in curve)]  # heads trained before answer marks lack two
+    return markdown_table(columns, [[point.get(c) for c in columns] for point in curve])
 
 
 def plot_curve(curve: list[dict], path: Path) -> None:
@@ -23,7 +25,8 @@ def plot_curve(curve: list[dict], path: Path) -> None:
     import pandas as pd
     import seaborn as sns
 
-    frame = pd.DataFrame(curve).melt(id_vars="tokens", value_vars=["alpha", "greedy_match"], var_name="measure")
+    frame = pd.DataFrame(curve)
+    frame = frame.melt(id_vars="tokens", value_vars=[m for m in MEASURES if m in frame], var_name="measure")
     ax = sns.lineplot(frame, x="tokens", y="value", hue="measure", marker="o")
     ax.set(xlabel="training tokens (head positions seen)", ylabel="first draft token, validation",
            title="Draft head learning curve")
@@ -44,7 +47,9 @@ def write_report(run_dir: Path, folder: Path) -> None:
         f"({teacher['chunk_tokens']} in whole chunks), {teacher['seconds'] / 60:.1f} min of target passes"),
         (f"- training: {meta['steps']} steps, {meta['training_seconds'] / 60:.1f} min, "
         f"{meta['training_chunks']} training and {meta['validation_chunks']} validation chunks"),
-        f"- final validation alpha {meta['final']['alpha']:.3f}, greedy match {meta['final']['greedy_match']:.3f}",
+        f"- final validation alpha {meta['final']['alpha']:.3f}, greedy match {meta['final']['greedy_match']:.3f}"
+        + (f"; on the answers' positions alpha {meta['final']['answer_alpha']:.3f}, greedy match "
+           f"{meta['final']['answer_greedy_match']:.3f}" if "answer_alpha" in meta["final"] else ""),
         "", curve_table(curve), "",
     ]
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -34,9 +34,13 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
 
 
+TEACHER_FORMAT = 2  # 2: the teacher data marks the positions that draft an assistant's token (Teacher.answer)
+
+
 def data_key(cfg: DictConfig) -> str:
-    """The target and the data settings: what the teacher data depends on."""
-    return digest(cfg.model.target.name, cfg.model.dtype, OmegaConf.to_container(cfg.data, resolve=True))
+    """The target, the data settings and the teacher data's format: what the teacher data depends on."""
+    return digest(cfg.model.target.name, cfg.model.dtype, OmegaConf.to_container(cfg.data, resolve=True),
+                  TEACHER_FORMAT)
 
 
 def head_folder(cfg: DictConfig) -> Path:

@@ -10,6 +10,11 @@ Loss at position i (the head reads (f_i, x_{i+1}) and predicts f^_{i+1}):
 (f^_{i+s-1}, x_{i+s}) and predicts f_{i+s}. Here every earlier position of step s is a prediction too (a
 simplification of EAGLE-3's training-time test, whose earlier positions keep the true features).
 
+Answers: a conversation's tokens are the user's and the assistant's, and a draft in decoding only ever proposes
+the assistant's. `Teacher.answer` marks the positions whose p_i is over a token of an assistant turn; with
+answers_only the loss counts those positions alone (EAGLE's loss mask), and the validation reports the acceptance
+there next to the one over every position (`answer_alpha`, `answer_greedy_match`).
+
 Validation: the acceptance rate of the first draft token, alpha = E[sum_x min(p(x), q(x))] at temperature 1 (with
 p computed in full from the stored features) and the greedy match rate P(argmax q = argmax p).
 """
@@ -29,23 +34,26 @@ from ..runtime.cached import CachedLM
 @dataclass
 class Teacher:
     """What the target computed over token rows, chunked to equal lengths T: tokens (n, T), features (n, T, d),
-    and the top-k of each position's p: ids (n, T, K) and probabilities (n, T, K)."""
+    the top-k of each position's p: ids (n, T, K) and probabilities (n, T, K), and answer (n, T): whether p at that
+    position is over a token of an assistant turn (None: not known, every position counts)."""
 
     tokens: torch.Tensor
     features: torch.Tensor
     top_ids: torch.Tensor
     top_probs: torch.Tensor
+    answer: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def part(self, index: torch.Tensor | slice) -> Teacher:
-        return Teacher(self.tokens[index], self.features[index], self.top_ids[index], self.top_probs[index])
+        answer = None if self.answer is None else self.answer[index]
+        return Teacher(self.tokens[index], self.features[index], self.top_ids[index], self.top_probs[index], answer)
 
     def batch(self, index: torch.Tensor | slice) -> Teacher:
         """The chunks `index`, features and probabilities in float32 (stored in float16)."""
         part = self.part(index)
-        return Teacher(part.tokens, part.features.float(), part.top_ids, part.top_probs.float())
+        return Teacher(part.tokens, part.features.float(), part.top_ids, part.top_probs.float(), part.answer)
 
     def split(self, validation: int) -> tuple[Teacher, Teacher]:
         """(training, validation): the last `validation` chunks held out."""
@@ -65,9 +73,9 @@ def teacher_pass(target: PreTrainedModel, tokens: torch.Tensor, top_k: int = 8
 
 
 def chunked(rows: list[tuple[torch.Tensor, ...]], length: int) -> Teacher:
-    """Each row's (tokens, features, ids, probs) cut into whole chunks of `length` positions (a row shorter than
-    one chunk is dropped); features and probabilities stored in float16."""
-    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    """Each row's (tokens, features, ids, probs) or (tokens, features, ids, probs, answer) cut into whole chunks of
+    `length` positions (a row shorter than one chunk is dropped); features and probabilities stored in float16."""
+    parts: list[list[torch.Tensor]] = [[] for _ in rows[0]] if rows else [[], [], [], []]
     for row in rows:
         whole = row[0].shape[0] // length * length
         for part, tensor in zip(parts, row):
@@ -75,8 +83,22 @@ def chunked(rows: list[tuple[torch.Tensor, ...]], length: int) -> Teacher:
                 part.append(tensor[:whole].reshape(whole // length, length, *tensor.shape[1:]))
     if not parts[0]:
         raise ValueError(f"no token row holds a chunk of {length} tokens: use shorter chunks or longer rows")
-    tokens, features, ids, probs = (torch.cat(p) for p in parts)
-    return Teacher(tokens, features.half(), ids, probs.half())
+    tokens, features, ids, probs, *answer = (torch.cat(p) for p in parts)
+    return Teacher(tokens, features.half(), ids, probs.half(), answer[0].bool() if answer else None)
+
+
+def answer_positions(is_answer: torch.Tensor) -> torch.Tensor:
+    """(L,) whether each token belongs to an assistant turn -> (L,) whether p at each position is over such a token
+    (p_i is the distribution of token i + 1; the last position's next token is unknown: False)."""
+    return torch.cat([is_answer[1:], is_answer.new_zeros(1)]).bool()
+
+
+def masked_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean of values (...) over the positions where weights (...) is true (all positions for None)."""
+    if weights is None:
+        return values.mean()
+    weights = weights.to(values.dtype)
+    return (values * weights).sum() / weights.sum().clamp_min(1)
 
 
 def restricted_labels(head: DraftHead, ids: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -88,9 +110,12 @@ def restricted_labels(head: DraftHead, ids: torch.Tensor, probs: torch.Tensor) -
     return labels.scatter_add_(-1, where.clamp_min(0), probs * (where >= 0))
 
 
-def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: int = 1, noise: float = 0.0
-              ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The training loss over a batch of chunks (module docstring) and its parts per step."""
+def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: int = 1, noise: float = 0.0,
+              answers_only: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training loss over a batch of chunks (module docstring) and its parts per step; answers_only: only the
+    positions whose next token is an assistant's count (batch.answer)."""
+    if answers_only and batch.answer is None:
+        raise ValueError("answers_only needs teacher data that marks the answers (Teacher.answer)")
     features = batch.features  # (B, T, d)
     inputs = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
     total, parts = 0.0, {}
@@ -98,9 +123,11 @@ def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: i
         width = inputs.shape[1] - (s - 1)
         positions = torch.arange(s - 1, s - 1 + width, device=features.device)[None].expand(features.shape[0], -1)
         predicted = head(inputs[:, :width], batch.tokens[:, s : s + width], positions)  # (B, width, d)
-        regression = F.smooth_l1_loss(predicted, features[:, s : s + width])
+        weights = batch.answer[:, s : s + width] if answers_only else None
+        regression = masked_mean(F.smooth_l1_loss(predicted, features[:, s : s + width], reduction="none").mean(-1),
+                                 weights)
         labels = restricted_labels(head, batch.top_ids[:, s : s + width], batch.top_probs[:, s : s + width])
-        ce = -(labels * head.subset_logits(predicted).log_softmax(dim=-1)).sum(-1).mean()
+        ce = masked_mean(-(labels * head.subset_logits(predicted).log_softmax(dim=-1)).sum(-1), weights)
         total = total + regression + ce_weight * ce
         parts |= {f"regression_{s}": regression.item(), f"cross_entropy_{s}": ce.item()}
         inputs = predicted[:, :-1]
@@ -122,6 +149,11 @@ def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch
     p = target_logits.softmax(dim=-1)
     draft_logits = head.logits(predicted, p.shape[-1])
     q = draft_logits.softmax(dim=-1)
-    alpha = torch.minimum(p, q).sum(-1).mean()
-    greedy = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
-    return {"alpha": float(alpha), "greedy_match": float(greedy)}
+    overlap = torch.minimum(p, q).sum(-1)  # (B, T-1)
+    match = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float()
+    out = {"alpha": float(overlap.mean()), "greedy_match": float(match.mean())}
+    if batch.answer is not None:
+        answer = batch.answer[:, 1:]
+        out |= {"answer_alpha": float(masked_mean(overlap, answer)),
+                "answer_greedy_match": float(masked_mean(match, answer)), "answer_positions": int(answer.sum())}
+    return out
