@@ -10,6 +10,7 @@ trainable.
 - A few training steps on a tiny target raise its acceptance; save and load keep the head.
 """
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -166,6 +167,17 @@ def test_training_raises_acceptance_and_the_head_saves_and_loads(trained_tiny, t
     with torch.no_grad():
         torch.testing.assert_close(loaded(features, tokens, positions), head(features, tokens, positions))
     assert torch.equal(loaded.vocab, head.vocab)
+
+
+def test_a_head_loads_onto_a_bfloat16_copy_of_its_target(trained_tiny, tmp_path):
+    """A head trained on the float32 target drafts for a bf16 copy of it: loaded in the target's dtype."""
+    target, head = trained_tiny
+    bf16 = copy.deepcopy(target).to(torch.bfloat16)
+    loaded = load_head(save_head(head, tmp_path).parent, bf16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    out = speculative_generate(bf16, HeadDrafter(loaded), prompt, k=2, sampling=GREEDY, max_new_tokens=8)
+    assert out.tokens.numel() == 8
 
 
 def test_restricted_labels_keep_the_teachers_mass_on_the_subset():

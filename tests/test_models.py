@@ -127,6 +127,19 @@ def test_dynamic_int8_copy_loads_and_drafts(tmp_path):
     assert isinstance(target.lm_head, torch.nn.Linear)  # the copy left the target as it was
 
 
+def test_a_dynamic_int8_copy_asked_for_in_bfloat16_loads_in_float32(tmp_path):
+    """dtype=bfloat16 for the whole pair: its dynamic int8 copy keeps float32 activations (torch's dynamic int8
+    Linear takes no other) and drafts for the bf16 target."""
+    target = tiny_model("llama", seed=0, scale=20.0, vocab_size=32)
+    target.save_pretrained(tmp_path)
+    draft = load_model(str(tmp_path), dtype="bfloat16", quantization="dynamic_int8")
+    assert draft.get_input_embeddings().weight.dtype == torch.float32
+    bf16_target = load_model(str(tmp_path), dtype="bfloat16")
+    prompt = torch.tensor([[1, 2, 3]])
+    out = speculative_generate(bf16_target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=8)
+    assert out.tokens.numel() == 8 and out.stats.accepted > 0
+
+
 def test_dynamic_int8_refuses_cuda_before_loading():
     with pytest.raises(ValueError, match="runs on the CPU only, not on cuda.*bitsandbytes"):
         load_model("offline:no-such-asset", device="cuda", quantization="dynamic_int8")

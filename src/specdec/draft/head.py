@@ -135,4 +135,4 @@ def load_head(folder: str | Path, target: PreTrainedModel) -> DraftHead:
     state = torch.load(path, map_location=target.device, weights_only=True)
     head = DraftHead(target, layers=state["layers"], vocab=state["vocab"])
     head.load_state_dict(state["weights"])
-    return head.eval()
+    return head.to(target.dtype).eval()  # a head trained on a float32 target drafts for its bf16 copy too

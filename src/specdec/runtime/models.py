@@ -67,12 +67,16 @@ def load_model(
     (bitsandbytes int8 / nf4 / fp4, or torch's dynamic_int8 on the CPU).
 
     fused_4bit=False: a 4-bit model takes bitsandbytes' non-fused CPU path even where the fused kernel exists
-    (force_unfused_4bit), standing in for a CPU without AVX512-BF16.
+    (force_unfused_4bit), standing in for a CPU without AVX512-BF16. A dynamic_int8 model loads in float32 whatever
+    dtype says: torch's dynamic int8 Linear takes float32 activations (a bf16 target's int8 copy is then the same
+    as an fp32 target's).
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
     if quantization == "dynamic_int8" and device != "cpu":
         raise ValueError(dynamic_int8_cpu_only(device))
+    if quantization == "dynamic_int8":
+        dtype = "float32"
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
     if name.startswith(RANDOM):
         if quantization != "none":
