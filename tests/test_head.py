@@ -34,8 +34,14 @@ from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.tiny import perturbed_copy, tiny_model
 from specdec.sampling import probabilities
-from specdec.train.head import (answer_positions, chunked, first_token_acceptance, head_loss, restricted_labels,
-                                teacher_pass)
+from specdec.train.head import (
+    answer_positions,
+    chunked,
+    first_token_acceptance,
+    head_loss,
+    restricted_labels,
+    teacher_pass,
+)
 
 PROMPT = torch.tensor([[0, 3, 1]])
 N_TOKENS = 3

@@ -16,8 +16,8 @@ from experiments.train_draft.data import encode, whole_records
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 TINY = ["model=tiny_random", "data.source=bundled", "data.conversations=8", "data.self_distill=true",
-        "data.answer_tokens=40", "data.max_tokens=2048", "data.chunk=16", "head.vocab=128", "train.steps=30", "train.eval_every=5",
-        "train.checkpoint_every=10", "train.batch=4", "logger=none", "threads=1"]
+        "data.answer_tokens=40", "data.max_tokens=2048", "data.chunk=16", "head.vocab=128", "train.steps=30",
+        "train.eval_every=5", "train.checkpoint_every=10", "train.batch=4", "logger=none", "threads=1"]
 
 
 def train_cfg(*overrides: str):

@@ -12,7 +12,8 @@ ratio compares timings of one machine and load:
 - the step against the memory bound: the ms to read the weights once at the bandwidth of a `sum` measured now;
 - the compiled logits against the eager ones on every prompt (largest absolute difference);
 - end to end, greedy: our target-only loop, and speculative decoding with prompt lookup (k = 3, a 4-wide pass),
-  tokens per second, outputs checked against the eager target-only's of the same weights, next to Hugging Face's plain generate.
+  tokens per second, outputs checked against the eager target-only's of the same weights, next to Hugging Face's
+  plain generate.
 """
 
 from __future__ import annotations
@@ -142,12 +143,13 @@ def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study
     log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
     result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
                     "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
-    models, references = {}, {}
+    models, eager_logits, references = {}, {}, {}
     for name, profile in study.profiles.items():
         dtype = profile.get("dtype") or str(model.dtype).removeprefix("torch.")
-        if dtype not in models:
+        if dtype not in models:  # the weights, and their eager logits (before anything compiles them)
             models[dtype] = weights_in(model, dtype)
-        entry, outputs = run_profile(models[dtype], prompts, profile, study, n=n, eos=eos)
+            eager_logits[dtype] = [last_logits(models[dtype], ids) for ids in prompts]
+        entry, outputs = run_profile(models[dtype], prompts, profile, study, eager_logits[dtype], n=n, eos=eos)
         reference = references.setdefault(dtype, outputs["ar"])
         entry["outputs_equal_eager_target_only"] = all(
             torch.equal(a, b) for key in outputs for a, b in zip(outputs[key], reference))
@@ -167,14 +169,13 @@ def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
 
 
-def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: DictConfig, study: DictConfig, *,
-                n: int, eos: list[int]) -> tuple[dict, dict]:
-    """One profile's figures (compile, logits against eager, pass costs, step against the memory bound of these
-    weights, end to end) and its outputs; the model is eager again afterwards."""
+def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: DictConfig, study: DictConfig,
+                eager_logits: list[torch.Tensor], *, n: int, eos: list[int]) -> tuple[dict, dict]:
+    """One profile's figures (compile, logits against these weights' eager ones, pass costs, step against the
+    memory bound of these weights, end to end) and its outputs; the model is eager again afterwards."""
     prefix, widths = prompts[0], list(range(1, study.max_width + 1))
     entry: dict = {"settings": OmegaConf.to_container(profile), "dtype": str(model.dtype).removeprefix("torch.")}
     if profile.name == "compiled":
-        eager_logits = [last_logits(model, ids) for ids in prompts]
         entry["compile"] = compile_seconds(model, profile, prefix)
         entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
     ms = pass_ms(model, prefix, widths, study.repeats)

@@ -22,8 +22,14 @@ from tqdm import tqdm
 
 from specdec.draft.head import DraftHead, frequency_ranked, save_atomically, save_head
 from specdec.runtime.models import load_model, load_tokenizer
-from specdec.train.head import (Teacher, answer_positions, chunked, first_token_acceptance, head_loss,
-                                teacher_pass)
+from specdec.train.head import (
+    Teacher,
+    answer_positions,
+    chunked,
+    first_token_acceptance,
+    head_loss,
+    teacher_pass,
+)
 
 from ..records import machine, write_json
 from ..run.logger import make_logger

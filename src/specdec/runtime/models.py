@@ -73,9 +73,9 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
-    if quantization == "dynamic_int8" and device != "cpu":
-        raise ValueError(dynamic_int8_cpu_only(device))
     if quantization == "dynamic_int8":
+        if device != "cpu":
+            raise ValueError(dynamic_int8_cpu_only(device))
         dtype = "float32"
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
     if name.startswith(RANDOM):
