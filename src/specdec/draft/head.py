@@ -26,6 +26,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
 from ..runtime.cached import logits_width
+from ..sampling import Sampling, one_hot_argmax, probabilities
 
 
 def body_config(target: PreTrainedModel, layers: int):
@@ -73,7 +74,8 @@ class DraftHead(nn.Module):
         """fc([f_i ; e(x_{i+1})]): features (B, n, d), the tokens after them (B, n) -> (B, n, d)."""
         with torch.no_grad():
             embedded = self.embed(tokens)
-        return self.fc(torch.cat([features, embedded.to(features.dtype)], dim=-1))
+        dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (load_head's dtype)
+        return self.fc(torch.cat([features.to(dtype), embedded.to(dtype)], dim=-1))
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache=None
                 ) -> torch.Tensor:
@@ -84,7 +86,7 @@ class DraftHead(nn.Module):
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """W_S f^ (..., N), soft-capped as the target caps its logits."""
-        logits = predicted @ self.out_weight.T
+        logits = (predicted.to(self.out_weight.dtype) @ self.out_weight.T).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -92,9 +94,22 @@ class DraftHead(nn.Module):
     def logits(self, predicted: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
         """Logits over the whole vocabulary (..., V): W_S f^ on S, -inf elsewhere."""
         width = vocab_size or self.vocab_size
-        full = predicted.new_full((*predicted.shape[:-1], width), float("-inf"))
+        full = predicted.new_full((*predicted.shape[:-1], width), float("-inf"), dtype=torch.float32)
         kept = self.vocab < width
         full[..., self.vocab[kept]] = self.subset_logits(predicted)[..., kept]
+        return full
+
+    def probabilities(self, predicted: torch.Tensor, sampling: Sampling, vocab_size: int | None = None
+                      ) -> torch.Tensor:
+        """q (..., V), float32: `probabilities(self.logits(predicted), sampling)` computed on S alone and scattered
+        into zeros (the tokens outside S have logit -inf, so probability 0 under every processing), which spares
+        a pass over the whole vocabulary per draft token."""
+        width = vocab_size or self.vocab_size
+        kept = self.vocab < width
+        ids, logits = self.vocab[kept], self.subset_logits(predicted)[..., kept]  # (N',), (..., N')
+        q = one_hot_argmax(logits) if sampling.greedy else probabilities(logits, sampling)
+        full = q.new_zeros((*q.shape[:-1], width))
+        full[..., ids] = q
         return full
 
 
@@ -127,12 +142,16 @@ def save_atomically(value: object, path: Path) -> None:
     partial.replace(path)
 
 
-def load_head(folder: str | Path, target: PreTrainedModel) -> DraftHead:
-    """The head saved in folder (save_head) on this target (whose embedding and output layer it shares)."""
+def load_head(folder: str | Path, target: PreTrainedModel, dtype: str | torch.dtype | None = None) -> DraftHead:
+    """The head saved in folder (save_head) on this target (whose embedding and output layer it shares), its
+    weights and W_S in `dtype` (None: the target's; "bfloat16" halves the bytes a draft token reads)."""
     path = Path(folder) / HEAD_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no trained draft head at {path}: train one with `python -m experiments.train_draft`")
     state = torch.load(path, map_location=target.device, weights_only=True)
     head = DraftHead(target, layers=state["layers"], vocab=state["vocab"])
     head.load_state_dict(state["weights"])
-    return head.to(target.dtype).eval()  # a head trained on a float32 target drafts for its bf16 copy too
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype or target.dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"a head's dtype must be a floating-point torch dtype (e.g. bfloat16), got {dtype!r}")
+    return head.to(dtype).eval()  # a head trained on a float32 target drafts for its bf16 copy too

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..runtime.cached import CachedLM
-from ..sampling import Sampling, probabilities, sample
+from ..sampling import Sampling, sample
 from .base import RowDrafter
 from .head import DraftHead, load_head
 from .proposal import Draft, RowProposals
@@ -76,7 +76,7 @@ class HeadDrafter(RowDrafter):
         predicted = self.catch_up(features, sequence[0], cached)  # (1, d): f^ of the last token
         drafted, rows = [], []
         for i in range(k):
-            q = probabilities(self.head.logits(predicted, vocab_size), sampling)  # (1, V)
+            q = self.head.probabilities(predicted, sampling, vocab_size)  # (1, V)
             x = sample(q, generator)  # (1,)
             drafted.append(x)
             rows.append(q[0])
@@ -166,18 +166,20 @@ class HeadTreeDrafter(HeadDrafter):
         self.fed = path
 
 
-def load_head_drafter(target: PreTrainedModel, checkpoint: str | None) -> HeadDrafter:
-    """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`."""
+def load_head_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None) -> HeadDrafter:
+    """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`, run in `dtype` (None:
+    the target's)."""
     if checkpoint is None:
         raise ValueError("no draft head is trained for this target: train one with `python -m "
                          "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
-    drafter = HeadDrafter(load_head(checkpoint, target))
+    drafter = HeadDrafter(load_head(checkpoint, target, dtype))
     drafter.checkpoint = str(checkpoint)  # where the head came from (a benchmark records its training)
     return drafter
 
 
-def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, **shape) -> HeadTreeDrafter:
+def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None, **shape
+                           ) -> HeadTreeDrafter:
     """A HeadTreeDrafter of the given shape (branches, depth, nodes, children) with the head in `checkpoint`."""
-    drafter = HeadTreeDrafter(load_head_drafter(target, checkpoint).head, **shape)
+    drafter = HeadTreeDrafter(load_head_drafter(target, checkpoint, dtype).head, **shape)
     drafter.checkpoint = str(checkpoint)
     return drafter

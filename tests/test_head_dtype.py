@@ -1,0 +1,65 @@
+"""The head's q computed on its subset S alone, and a head run in another dtype than its target (bfloat16): both
+must leave speculative sampling exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fakes import GREEDY_PROMPT
+from goodness_of_fit import PASS, chi_square_pvalue, sample_counts
+
+from specdec import GREEDY, Sampling, speculative_generate
+from specdec.draft.head import DraftHead, load_head, save_head
+from specdec.draft.head_drafter import HeadDrafter, load_head_drafter
+from specdec.exact import sequence_distribution
+from specdec.runtime.tiny import tiny_model
+from specdec.sampling import probabilities
+
+PROMPT = torch.tensor([[0, 3, 1]])
+N_TOKENS = 3
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0), Sampling(0.7, top_p=0.9), Sampling(1.3, top_k=3)],
+                         ids=["greedy", "T1", "T0.7-top_p0.9", "T1.3-top_k3"])
+def test_q_on_the_subset_equals_the_processed_full_logits(sampling):
+    target = tiny_model("llama", seed=0)
+    torch.manual_seed(1)
+    head = DraftHead(target, layers=1, vocab=torch.tensor([7, 2, 30, 11, 5, 19]))
+    predicted = torch.randn(3, target.config.hidden_size)
+    for width in (None, 20):  # 20: a logits width below some of S's ids (those are dropped, as logits() drops them)
+        expected = probabilities(head.logits(predicted, width), sampling)
+        torch.testing.assert_close(head.probabilities(predicted, sampling, width), expected)
+
+
+def test_a_bfloat16_head_on_a_float32_target_keeps_greedy_output(arch_case, tmp_path):
+    _, target, _, expected = arch_case
+    torch.manual_seed(0)
+    folder = save_head(DraftHead(target, layers=1, vocab=torch.arange(0, 32, 2)), tmp_path).parent
+    drafter = load_head_drafter(target, str(folder), dtype="bfloat16")
+    assert {p.dtype for p in drafter.head.parameters()} == {torch.bfloat16}
+    assert drafter.head.out_weight.dtype == torch.bfloat16 and target.dtype == torch.float32
+    out = speculative_generate(target, drafter, GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=expected.numel())
+    assert torch.equal(out.tokens, expected)
+
+
+def test_a_bfloat16_head_keeps_the_target_distribution(small_vocab_pair, tmp_path):
+    target, _ = small_vocab_pair
+    torch.manual_seed(0)
+    folder = save_head(DraftHead(target, layers=1, vocab=torch.tensor([3, 0, 2])), tmp_path).parent
+    drafter = HeadDrafter(load_head(folder, target, "bfloat16"))
+    sampling = Sampling(1.0)
+
+    def generate(g):
+        return speculative_generate(target, drafter, PROMPT, k=2, sampling=sampling, max_new_tokens=N_TOKENS,
+                                    generator=g).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float128", torch.long])
+def test_a_head_refuses_a_dtype_that_is_not_floating_point(dtype, tmp_path):
+    target = tiny_model("llama", seed=0)
+    folder = save_head(DraftHead(target, layers=1), tmp_path).parent
+    with pytest.raises(ValueError, match="floating-point"):
+        load_head(folder, target, dtype)
