@@ -104,9 +104,13 @@ class DraftHead(nn.Module):
         """q (..., V), float32: `probabilities(self.logits(predicted), sampling)` computed on S alone and scattered
         into zeros (the tokens outside S have logit -inf, so probability 0 under every processing), which spares
         a pass over the whole vocabulary per draft token."""
+        return self.spread(self.subset_logits(predicted), sampling, vocab_size)
+
+    def spread(self, subset_logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None) -> torch.Tensor:
+        """q (..., V) from the logits on S (..., N) (see `probabilities`)."""
         width = vocab_size or self.vocab_size
         kept = self.vocab < width
-        ids, logits = self.vocab[kept], self.subset_logits(predicted)[..., kept]  # (N',), (..., N')
+        ids, logits = self.vocab[kept], subset_logits[..., kept]  # (N',), (..., N')
         q = one_hot_argmax(logits) if sampling.greedy else probabilities(logits, sampling)
         full = q.new_zeros((*q.shape[:-1], width))
         full[..., ids] = q

@@ -6,6 +6,13 @@ for each cached position i it takes (f_i, x_{i+1}) and writes its own KV cache; 
 position predicts the feature of the sequence's last token, whose W_S row gives q for the first draft token.
 Each further draft token feeds the head its own prediction: no target pass and no second copy of the target.
 The head's cache keeps only positions read from true features; its drafting steps are cropped at the next call.
+
+With a `confidence` threshold a chain stops before the token where the product of the head's top probabilities
+max_x softmax(W_S f^)(x) along the chain falls below it (EAGLE-2's observation: a head's confidence tracks its
+acceptance, and a path's product of confidences its chance of being accepted whole), so that rounds where the head
+would likely be rejected run as plain target steps, and confident stretches draft up to k. The choice to draft one more
+token depends only on what precedes that token, never on the token or on the target, so the output distribution
+stays the target's (tests/test_head_options.py checks it).
 """
 
 from __future__ import annotations
@@ -27,15 +34,19 @@ class HeadDrafter(RowDrafter):
 
     draft_cost = "per_token"
 
-    def __init__(self, head: DraftHead):
+    def __init__(self, head: DraftHead, confidence: float | None = None):
+        if confidence is not None and not 0 <= confidence < 1:
+            raise ValueError(f"confidence must be in [0, 1) (the chain's head probability below which it stops) or "
+                             f"None, got {confidence}")
         self.head = head.eval()
+        self.confidence = confidence
         self.vocab_size = head.vocab_size
         self.source: CachedLM | None = None  # the target cache whose features the head reads
         self.row = 0  # this fork's row in the target's batch
         self.checkpoint: str | None = None  # the folder the head was loaded from, if any
 
     def fork(self) -> HeadDrafter:
-        twin = HeadDrafter(self.head)
+        twin = HeadDrafter(self.head, self.confidence)
         twin.source = self.source
         return twin
 
@@ -74,15 +85,22 @@ class HeadDrafter(RowDrafter):
         if cached == 0 or k == 0:
             return Draft.empty(vocab_size, sequence.device)
         predicted = self.catch_up(features, sequence[0], cached)  # (1, d): f^ of the last token
-        drafted, rows = [], []
+        drafted, rows, reach = [], [], 1.0  # reach: the product of the head's top probabilities so far
         for i in range(k):
-            q = self.head.probabilities(predicted, sampling, vocab_size)  # (1, V)
+            logits = self.head.subset_logits(predicted)  # (1, N)
+            if self.confidence:
+                reach *= float(logits.softmax(dim=-1).max())
+                if reach < self.confidence:
+                    break  # not confident: the round verifies the tokens drafted so far (none: a plain step)
+            q = self.head.spread(logits, sampling, vocab_size)  # (1, V)
             x = sample(q, generator)  # (1,)
             drafted.append(x)
             rows.append(q[0])
             if i + 1 < k:
                 predicted = self.step(predicted, x, cached + i)
-        return Draft(torch.cat(drafted), torch.stack(rows), forwards=k)
+        if not drafted:
+            return Draft.empty(vocab_size, sequence.device)
+        return Draft(torch.cat(drafted), torch.stack(rows), forwards=len(drafted))
 
     def catch_up(self, features: torch.Tensor, tokens: torch.Tensor, cached: int) -> torch.Tensor:
         """Read (f_i, x_{i+1}) for the positions not read yet (at least the last one); f^ at the last (1, d)."""
@@ -166,13 +184,14 @@ class HeadTreeDrafter(HeadDrafter):
         self.fed = path
 
 
-def load_head_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None) -> HeadDrafter:
+def load_head_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None,
+                      confidence: float | None = None) -> HeadDrafter:
     """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`, run in `dtype` (None:
-    the target's)."""
+    the target's), its chains stopped below `confidence` (None: always k tokens)."""
     if checkpoint is None:
         raise ValueError("no draft head is trained for this target: train one with `python -m "
                          "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
-    drafter = HeadDrafter(load_head(checkpoint, target, dtype))
+    drafter = HeadDrafter(load_head(checkpoint, target, dtype), confidence)
     drafter.checkpoint = str(checkpoint)  # where the head came from (a benchmark records its training)
     return drafter
 

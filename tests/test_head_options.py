@@ -1,5 +1,5 @@
-"""The head's q computed on its subset S alone, and a head run in another dtype than its target (bfloat16): both
-must leave speculative sampling exact."""
+"""Options of head drafting: q computed on the subset S alone, a head run in another dtype than its target
+(bfloat16), chains that stop where the head is unsure (`confidence`). Each must leave speculative sampling exact."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from fakes import GREEDY_PROMPT
 from goodness_of_fit import PASS, chi_square_pvalue, sample_counts
 
-from specdec import GREEDY, Sampling, speculative_generate
+from specdec import GREEDY, Sampling, autoregressive_generate, speculative_generate
 from specdec.draft.head import DraftHead, load_head, save_head
 from specdec.draft.head_drafter import HeadDrafter, load_head_drafter
 from specdec.exact import sequence_distribution
@@ -63,3 +63,51 @@ def test_a_head_refuses_a_dtype_that_is_not_floating_point(dtype, tmp_path):
     folder = save_head(DraftHead(target, layers=1), tmp_path).parent
     with pytest.raises(ValueError, match="floating-point"):
         load_head(folder, target, dtype)
+
+
+class Recording(HeadDrafter):
+    """Counts the drafts it proposes by length."""
+
+    lengths: list[int]
+
+    def propose_row(self, sequence, k, sampling, vocab_size, generator):
+        draft = super().propose_row(sequence, k, sampling, vocab_size, generator)
+        self.lengths.append(draft.size)
+        return draft
+
+
+def test_a_confident_chain_keeps_greedy_output_and_stops_where_the_head_is_unsure():
+    target = tiny_model("llama", seed=0, scale=20.0)
+    torch.manual_seed(0)
+    head = DraftHead(target, layers=1, vocab=torch.arange(0, 32, 2))
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    expected = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=24).tokens
+    drafter = Recording(head, confidence=0.25)
+    drafter.lengths = []
+    out = speculative_generate(target, drafter, prompt, k=3, sampling=GREEDY, max_new_tokens=24)
+    assert torch.equal(out.tokens, expected)
+    assert {0, 1, 2, 3} <= set(drafter.lengths)  # chains of k = 3 cut at every length, and whole
+    assert out.stats.draft_forwards == sum(drafter.lengths)
+
+
+def test_a_confident_chain_keeps_the_target_distribution(small_vocab_pair):
+    target, _ = small_vocab_pair
+    torch.manual_seed(0)
+    drafter = Recording(DraftHead(target, layers=1, vocab=torch.tensor([3, 0, 2])), confidence=0.42)
+    drafter.lengths = []
+    sampling = Sampling(1.0)
+
+    def generate(g):
+        return speculative_generate(target, drafter, PROMPT, k=2, sampling=sampling, max_new_tokens=N_TOKENS,
+                                    generator=g).tokens
+
+    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    assert {0, 1} <= set(drafter.lengths)  # chains of k = 2 cut before their first and their second token
+    assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
+
+
+@pytest.mark.parametrize("confidence", [-0.1, 1.0])
+def test_a_confidence_outside_0_1_is_refused(confidence):
+    target = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="confidence"):
+        HeadDrafter(DraftHead(target, layers=1), confidence=confidence)
