@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
-from experiments.train_draft import app, store
+from experiments.train_draft import app, calibration, store
 from experiments.train_draft.data import encode, whole_records
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -58,6 +58,10 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     assert 0 <= meta["final"]["answer_alpha"] <= 1
     assert (tmp_path / "second" / "learning_curve.png").stat().st_size > 0
     assert "| step |" in (tmp_path / "second" / "head.md").read_text()
+
+    table = calibration.calibration(folder)  # confidence against greedy match on the same validation positions
+    assert table["thresholds"][0]["share"] == 1 and abs(sum(b["share"] for b in table["bins"]) - 1) < 1e-6
+    assert table["thresholds"][0]["greedy_match"] == pytest.approx(meta["final"]["answer_greedy_match"], abs=1e-6)
 
     assert store.trained_heads("random:tiny-target") == [folder]
     validate(make_cfg("model=tiny_random", "draft@model.draft=head"))  # the pair finds the trained head

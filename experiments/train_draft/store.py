@@ -87,3 +87,8 @@ def trained_head(target_name: str) -> str | None:
 
 if not OmegaConf.has_resolver("trained_head"):
     OmegaConf.register_new_resolver("trained_head", trained_head)
+
+
+def teacher_of(folder: Path) -> Path:
+    """The teacher data a head folder was trained on (its name starts with the data key)."""
+    return folder.parent / f"teacher-{folder.name.split('-')[0]}.pt"

@@ -17,6 +17,8 @@ there next to the one over every position (`answer_alpha`, `answer_greedy_match`
 
 Validation: the acceptance rate of the first draft token, alpha = E[sum_x min(p(x), q(x))] at temperature 1 (with
 p computed in full from the stored features) and the greedy match rate P(argmax q = argmax p).
+`confidence_counts` bins the positions by the head's confidence max_x q(x) and counts the greedy matches in each
+bin: how well confidence predicts acceptance (what HeadDrafter's `confidence` stop relies on).
 """
 
 from __future__ import annotations
@@ -157,3 +159,27 @@ def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch
         out |= {"answer_alpha": float(masked_mean(overlap, answer)),
                 "answer_greedy_match": float(masked_mean(match, answer)), "answer_positions": int(answer.sum())}
     return out
+
+
+CONFIDENCE_EDGES = tuple(i / 10 for i in range(11))  # bins of width 0.1
+
+
+@torch.no_grad()
+def confidence_counts(head: DraftHead, batch: Teacher, target_weight: torch.Tensor, softcap: float | None = None,
+                      edges: tuple[float, ...] = CONFIDENCE_EDGES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, greedy matches) per confidence bin [edges[j], edges[j+1]) (the last bin closed), over the
+    answer positions when the batch marks them, else over every position; confidence: max_x q(x) at temperature 1."""
+    head.eval()
+    width = batch.tokens.shape[1] - 1
+    positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
+    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
+    confidence, best = head.subset_logits(predicted).softmax(dim=-1).max(dim=-1)  # (B, T-1)
+    target_logits = batch.features[:, 1:] @ target_weight.T
+    if softcap:
+        target_logits = torch.tanh(target_logits / softcap) * softcap
+    match = head.vocab[best] == target_logits.argmax(-1)
+    keep = batch.answer[:, 1:].bool() if batch.answer is not None else torch.ones_like(match)
+    bins = torch.bucketize(confidence[keep].float(), torch.tensor(edges[1:-1]), right=True)  # (n,) in 0..len-2
+    count = torch.bincount(bins, minlength=len(edges) - 1)
+    matches = torch.bincount(bins, weights=match[keep].float(), minlength=len(edges) - 1)
+    return count, matches
