@@ -111,3 +111,24 @@ def test_a_confidence_outside_0_1_is_refused(confidence):
     target = tiny_model("llama", seed=0)
     with pytest.raises(ValueError, match="confidence"):
         HeadDrafter(DraftHead(target, layers=1), confidence=confidence)
+
+
+def test_a_head_cut_to_its_most_frequent_tokens_drafts_from_them_and_stays_exact_greedily(arch_case, tmp_path):
+    _, target, _, expected = arch_case
+    torch.manual_seed(0)
+    ranked = torch.tensor([6, 2, 30, 11, 5, 19, 0, 8])  # most frequent first
+    folder = save_head(DraftHead(target, layers=1, vocab=ranked), tmp_path).parent
+    drafter = load_head_drafter(target, str(folder), vocab=3)
+    assert drafter.head.vocab.tolist() == [6, 2, 30] and drafter.head.out_weight.shape[0] == 3
+    torch.testing.assert_close(drafter.head.out_weight, target.get_output_embeddings().weight[[6, 2, 30]])
+    out = speculative_generate(target, drafter, GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=expected.numel())
+    assert torch.equal(out.tokens, expected)
+
+
+def test_a_cut_that_the_head_cannot_make_is_refused(tmp_path):
+    target = tiny_model("llama", seed=0)
+    ranked = save_head(DraftHead(target, layers=1, vocab=torch.tensor([4, 1, 7])), tmp_path / "ranked").parent
+    whole = save_head(DraftHead(target, layers=1), tmp_path / "whole").parent
+    for folder, n, message in ((ranked, 4, "1..3"), (ranked, 0, "1..3"), (whole, 2, "whole vocabulary")):
+        with pytest.raises(ValueError, match=message):
+            load_head(folder, target, vocab=n)

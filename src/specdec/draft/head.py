@@ -128,6 +128,17 @@ def frequency_ranked(counts: torch.Tensor, n: int | None) -> torch.Tensor | None
 HEAD_FILE = "head.pt"
 
 
+def most_frequent(ranked: torch.Tensor | None, n: int | None) -> torch.Tensor | None:
+    """The first n ids of a frequency-ranked draft vocabulary (most frequent first, as frequency_ranked orders it)."""
+    if n is None:
+        return ranked
+    if ranked is None:
+        raise ValueError("this head drafts over the whole vocabulary, which carries no frequency ranking to cut")
+    if not 0 < n <= ranked.numel():
+        raise ValueError(f"vocab={n}: a head's draft vocabulary can be cut to 1..{ranked.numel()} tokens")
+    return ranked[:n]
+
+
 def save_head(head: DraftHead, folder: Path) -> Path:
     """Write the trained weights, the depth and the draft vocabulary to folder/head.pt (atomically: a file being
     written never replaces a whole one)."""
@@ -146,14 +157,16 @@ def save_atomically(value: object, path: Path) -> None:
     partial.replace(path)
 
 
-def load_head(folder: str | Path, target: PreTrainedModel, dtype: str | torch.dtype | None = None) -> DraftHead:
+def load_head(folder: str | Path, target: PreTrainedModel, dtype: str | torch.dtype | None = None,
+              vocab: int | None = None) -> DraftHead:
     """The head saved in folder (save_head) on this target (whose embedding and output layer it shares), its
-    weights and W_S in `dtype` (None: the target's; "bfloat16" halves the bytes a draft token reads)."""
+    weights and W_S in `dtype` (None: the target's; "bfloat16" halves the bytes a draft token reads), its draft
+    vocabulary cut to the `vocab` most frequent tokens of S (None: all of S; W_S shrinks with it)."""
     path = Path(folder) / HEAD_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no trained draft head at {path}: train one with `python -m experiments.train_draft`")
     state = torch.load(path, map_location=target.device, weights_only=True)
-    head = DraftHead(target, layers=state["layers"], vocab=state["vocab"])
+    head = DraftHead(target, layers=state["layers"], vocab=most_frequent(state["vocab"], vocab))
     head.load_state_dict(state["weights"])
     dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype or target.dtype
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

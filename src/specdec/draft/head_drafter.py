@@ -185,20 +185,21 @@ class HeadTreeDrafter(HeadDrafter):
 
 
 def load_head_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None,
-                      confidence: float | None = None) -> HeadDrafter:
+                      confidence: float | None = None, vocab: int | None = None) -> HeadDrafter:
     """A HeadDrafter with the head trained for `target`, saved in the folder `checkpoint`, run in `dtype` (None:
-    the target's), its chains stopped below `confidence` (None: always k tokens)."""
+    the target's), its chains stopped below `confidence` (None: always k tokens), its draft vocabulary cut to the
+    `vocab` most frequent tokens (None: the head's own)."""
     if checkpoint is None:
         raise ValueError("no draft head is trained for this target: train one with `python -m "
                          "experiments.train_draft model=<pair>` (make train-draft), or name its folder in checkpoint=")
-    drafter = HeadDrafter(load_head(checkpoint, target, dtype), confidence)
+    drafter = HeadDrafter(load_head(checkpoint, target, dtype, vocab), confidence)
     drafter.checkpoint = str(checkpoint)  # where the head came from (a benchmark records its training)
     return drafter
 
 
-def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None, **shape
-                           ) -> HeadTreeDrafter:
+def load_head_tree_drafter(target: PreTrainedModel, checkpoint: str | None, dtype: str | None = None,
+                           vocab: int | None = None, **shape) -> HeadTreeDrafter:
     """A HeadTreeDrafter of the given shape (branches, depth, nodes, children) with the head in `checkpoint`."""
-    drafter = HeadTreeDrafter(load_head_drafter(target, checkpoint, dtype).head, **shape)
+    drafter = HeadTreeDrafter(load_head_drafter(target, checkpoint, dtype, vocab=vocab).head, **shape)
     drafter.checkpoint = str(checkpoint)
     return drafter
