@@ -112,6 +112,8 @@ def test_head_keys_of_the_bench():
         "ar": contender(None, 4, 10.0),
         "copy": contender("model", "auto", 11.0),
         "head_k3": contender("head", 3, 13.2, draft_s=0.6, forwards=100, emitted=30, passes=12),
+        "head_stopped": contender("head", 3, 13.5, overrides=["model.draft.confidence=0.4"], draft_s=0.9, forwards=50,
+                                  emitted=30, passes=15),  # a confidence stop: not a fixed-k chain
         "head_tree": contender("head", 4, 14.0, overrides=["model=gemma3_head", "tree=head"], draft_s=0.9, forwards=100, emitted=40,
                                passes=10),
     }

@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+UNFIXED = ("tree=", "model.draft.confidence=")  # a tree is not a chain; a confidence stop drafts fewer than k tokens
+
 
 def head_c(contender: dict, target_step_ms: float) -> float:
     """The head's draft cost per token in target steps: its drafting seconds (catch-up on the target's new
@@ -28,13 +30,14 @@ def pair_of(contender: dict) -> str:
 
 
 def head_ratios(f, result: dict) -> dict[str, float]:
-    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k, when the bench
-    ran a head; `f` is the bench's ratios.Figures."""
+    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k (k tokens every
+    round: no tree, no confidence stop, whose drafting seconds also count rounds that draft nothing), when the
+    bench ran a head; `f` is the bench's ratios.Figures."""
     heads, copies = f.group("ours", "head"), f.group("ours", "model")
     if not heads:
         return {}
     best = f.best(heads)
-    fixed = [n for n in heads if isinstance(f.c[n]["k"], int) and not any(o.startswith("tree=") for o in f.c[n]["overrides"])]
+    fixed = [n for n in heads if isinstance(f.c[n]["k"], int) and not any(o.startswith(UNFIXED) for o in f.c[n]["overrides"])]
     chain = f.best(fixed) if fixed else best
     stats = f.c[chain]["stats"]
     step_ms = (result.get("costs") or {}).get("target_step_ms")
