@@ -153,7 +153,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
         return folder
     target = load_model(cfg.model.target.name, dtype=cfg.dtype, device=cfg.device)
     teacher, record = teacher_data(cfg, target, load_tokenizer(cfg.model.target.name))
-    training, held_out = teacher.split(max(1, round(cfg.data.validation * len(teacher))))
+    training, held_out = teacher.held_out(cfg.data.validation)
     counts = torch.bincount(training.tokens.flatten(), minlength=target.get_output_embeddings().weight.shape[0])
     head = DraftHead(target, layers=cfg.head.layers, vocab=frequency_ranked(counts, cfg.head.vocab))
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -27,8 +27,7 @@ from . import store
 def validation_split(folder: Path, meta: dict) -> Teacher:
     """The head's held-out chunks: the last share of its teacher data, as training split it."""
     saved = torch.load(store.teacher_of(folder), weights_only=True)
-    teacher = Teacher(**saved["teacher"])
-    return teacher.split(max(1, round(meta["settings"]["data"]["validation"] * len(teacher))))[1]
+    return Teacher(**saved["teacher"]).held_out(meta["settings"]["data"]["validation"])[1]
 
 
 def calibration(folder: Path, batch: int = 32) -> dict:
@@ -37,11 +36,10 @@ def calibration(folder: Path, batch: int = 32) -> dict:
     target = load_model(meta["target"], dtype=meta["settings"]["dtype"])
     head, validation = load_head(folder, target), validation_split(folder, meta)
     weight = target.get_output_embeddings().weight.detach()
-    softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
     count = torch.zeros(len(CONFIDENCE_EDGES) - 1)
     matches = torch.zeros(len(CONFIDENCE_EDGES) - 1)
     for i in range(0, len(validation), batch):
-        c, m = confidence_counts(head, validation.batch(slice(i, i + batch)), weight, softcap)
+        c, m = confidence_counts(head, validation.batch(slice(i, i + batch)), weight, head.softcap)
         count, matches = count + c, matches + m
     total = float(count.sum())
     bins = [{"low": CONFIDENCE_EDGES[j], "high": CONFIDENCE_EDGES[j + 1], "share": float(count[j]) / total,

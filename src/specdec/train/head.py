@@ -62,6 +62,10 @@ class Teacher:
         cut = len(self) - validation
         return self.part(slice(0, cut)), self.part(slice(cut, None))
 
+    def held_out(self, share: float) -> tuple[Teacher, Teacher]:
+        """(training, validation) with `share` of the chunks (at least one) held out at the end."""
+        return self.split(max(1, round(share * len(self))))
+
 
 @torch.inference_mode()
 def teacher_pass(target: PreTrainedModel, tokens: torch.Tensor, top_k: int = 8
@@ -136,11 +140,10 @@ def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: i
     return total, parts
 
 
-@torch.no_grad()
-def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
-                           softcap: float | None = None) -> dict[str, float]:
-    """alpha (temperature 1) and the greedy match rate of the first draft token over a batch (module docstring);
-    target_weight: the target's whole output layer (V, d)."""
+def first_token_predictions(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
+                            softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's predicted features f^ (B, T-1, d) of the first draft token at every position of a batch, and the
+    target's logits there (B, T-1, V), soft-capped as the target caps them."""
     head.eval()
     width = batch.tokens.shape[1] - 1
     positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
@@ -148,6 +151,15 @@ def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch
     target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
     if softcap:
         target_logits = torch.tanh(target_logits / softcap) * softcap
+    return predicted, target_logits
+
+
+@torch.no_grad()
+def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
+                           softcap: float | None = None) -> dict[str, float]:
+    """alpha (temperature 1) and the greedy match rate of the first draft token over a batch (module docstring);
+    target_weight: the target's whole output layer (V, d)."""
+    predicted, target_logits = first_token_predictions(head, batch, target_weight, softcap)
     p = target_logits.softmax(dim=-1)
     draft_logits = head.logits(predicted, p.shape[-1])
     q = draft_logits.softmax(dim=-1)
@@ -169,14 +181,8 @@ def confidence_counts(head: DraftHead, batch: Teacher, target_weight: torch.Tens
                       edges: tuple[float, ...] = CONFIDENCE_EDGES) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, greedy matches) per confidence bin [edges[j], edges[j+1]) (the last bin closed), over the
     answer positions when the batch marks them, else over every position; confidence: max_x q(x) at temperature 1."""
-    head.eval()
-    width = batch.tokens.shape[1] - 1
-    positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
-    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
+    predicted, target_logits = first_token_predictions(head, batch, target_weight, softcap)
     confidence, best = head.subset_logits(predicted).softmax(dim=-1).max(dim=-1)  # (B, T-1)
-    target_logits = batch.features[:, 1:] @ target_weight.T
-    if softcap:
-        target_logits = torch.tanh(target_logits / softcap) * softcap
     match = head.vocab[best] == target_logits.argmax(-1)
     keep = batch.answer[:, 1:].bool() if batch.answer is not None else torch.ones_like(match)
     bins = torch.bucketize(confidence[keep].float(), torch.tensor(edges[1:-1]), right=True)  # (n,) in 0..len-2
