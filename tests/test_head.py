@@ -80,14 +80,14 @@ class FullSoftmaxHead(HeadDrafter):
         return type(draft)(draft.tokens, wrong, draft.forwards)
 
     def catch_up(self, features, tokens, cached):
-        predicted = super().catch_up(features, tokens, cached)
+        predicted, logits = super().catch_up(features, tokens, cached)
         self.full_logits = [predicted[0] @ self.head.whole_output.T]
-        return predicted
+        return predicted, logits
 
     def step(self, predicted, token, position):
-        predicted = super().step(predicted, token, position)
+        predicted, logits = super().step(predicted, token, position)
         self.full_logits.append(predicted[0] @ self.head.whole_output.T)
-        return predicted
+        return predicted, logits
 
 
 def head_counts(target, drafter, sampling, k, seed):

@@ -31,7 +31,7 @@ from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, 
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
 from .heads import trained_candidates, with_target
-from .runtime import on_runtime
+from .runtime import drafter_on_runtime, on_runtime
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
 
@@ -179,7 +179,7 @@ def calibrated(
     candidates = trained_candidates(candidates_of(cfg))
     drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     for drafter in drafters.values():
-        on_runtime(cfg, getattr(drafter, "model", None), draft=True)
+        drafter_on_runtime(cfg, drafter)
     result = calibrate(
         target, drafters, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat),
         k=None if plan.k == AUTO else plan.k, k_max=plan.k_max, sampling=plan.sampling,
@@ -222,7 +222,7 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
     with offline_hint():
         drafter = instantiate(node, **with_target(node, lambda: target().model))
     model = getattr(drafter, "model", None)
-    on_runtime(cfg, model, draft=True)
+    drafter_on_runtime(cfg, drafter)
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
     if tokenizer is None and model is not None:
         tokenizer = check_same_tokenizer(cfg, target().tokenizer)
@@ -236,6 +236,7 @@ def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
         raise ConfigError(f"{cfg.tree._target_} needs a draft model, but this pair loaded none: use tree=ngram")
     drafter = instantiate(cfg.tree, **({"model": pair.draft_model} if needs_draft_model(cfg.tree) else
                                        with_target(cfg.tree, lambda: pair.target)))
+    drafter_on_runtime(cfg, drafter)
     if drafter.most_nodes > max_nodes:
         raise ConfigError(f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but "
                           f"max_nodes={max_nodes}: lower tree.nodes or raise max_nodes")

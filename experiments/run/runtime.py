@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
+from specdec.draft.head_runtime import compile_head
 from specdec.runtime.compiled import build_graphs, check_settings, compile_model
 
 from .settings import ConfigError, check_int
@@ -31,3 +32,13 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
         return
     compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
     build_graphs(model)  # now, not in a timed pass
+
+
+def drafter_on_runtime(cfg: DictConfig, drafter) -> None:
+    """A drafter's model on the run's runtime (on_runtime), and a trained head's forward (specdec.draft.head_runtime)
+    on the compiled runtime with runtime.drafts, its graphs built now."""
+    on_runtime(cfg, getattr(drafter, "model", None), draft=True)
+    head, runtime = getattr(drafter, "head", None), cfg.runtime
+    if head is None or runtime.name == "eager" or not runtime.drafts:
+        return
+    compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune).build()

@@ -70,6 +70,10 @@ class DraftHead(nn.Module):
         self.register_buffer("vocab", ids.to(weight.device), persistent=False)  # (N,) token ids of S
         self.register_buffer("out_weight", weight[ids.to(weight.device)].clone(), persistent=False)  # (N, d) W_S
 
+    @property
+    def device(self) -> torch.device:
+        return self.out_weight.device
+
     def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """fc([f_i ; e(x_{i+1})]): features (B, n, d), the tokens after them (B, n) -> (B, n, d)."""
         with torch.no_grad():
@@ -77,11 +81,12 @@ class DraftHead(nn.Module):
         dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (load_head's dtype)
         return self.fc(torch.cat([features.to(dtype), embedded.to(dtype)], dim=-1))
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache=None
-                ) -> torch.Tensor:
-        """The predicted next features f^ (B, n, d) for positions (B, n), through the body's cache if given."""
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache=None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The predicted next features f^ (B, n, d) for positions (B, n), through the body's cache if given (mask: a
+        4D attention mask over the cache's slots, as a slot cache needs; None: the body's causal mask)."""
         out = self.body(inputs_embeds=self.inputs(features, tokens), position_ids=positions, cache=cache,
-                        use_cache=cache is not None)
+                        use_cache=cache is not None, attention_mask=mask)
         return out.last_hidden_state
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from ..runtime.cached import CachedLM
 from ..sampling import Sampling, sample
 from .base import RowDrafter
 from .head import DraftHead, load_head
+from .head_runtime import compiled_head
 from .proposal import Draft, RowProposals
 from .tree import TreeDraft, empty_tree
 from .tree_growth import grow_tree, tree_shape
@@ -65,7 +66,9 @@ class HeadDrafter(RowDrafter):
         super().start(prompts)
 
     def start_row(self, prompt: torch.Tensor) -> None:
-        self.cache = DynamicCache(config=self.head.body.config)
+        runtime = compiled_head(self.head)
+        self.cache = runtime.new_cache() if runtime else DynamicCache(config=self.head.body.config)
+        self.length = 0  # positions in the head's cache
         self.synced = 0  # positions the head has read from true features
 
     def propose(
@@ -84,10 +87,9 @@ class HeadDrafter(RowDrafter):
         cached = features.shape[0]
         if cached == 0 or k == 0:
             return Draft.empty(vocab_size, sequence.device)
-        predicted = self.catch_up(features, sequence[0], cached)  # (1, d): f^ of the last token
+        predicted, logits = self.catch_up(features, sequence[0], cached)  # f^ of the last token (1, d), W_S f^
         drafted, rows, reach = [], [], 1.0  # reach: the product of the head's top probabilities so far
         for i in range(k):
-            logits = self.head.subset_logits(predicted)  # (1, N)
             if self.confidence:
                 reach *= float(logits.softmax(dim=-1).max())
                 if reach < self.confidence:
@@ -97,31 +99,54 @@ class HeadDrafter(RowDrafter):
             drafted.append(x)
             rows.append(q[0])
             if i + 1 < k:
-                predicted = self.step(predicted, x, cached + i)
+                predicted, logits = self.step(predicted, x, cached + i)
         if not drafted:
             return Draft.empty(vocab_size, sequence.device)
         return Draft(torch.cat(drafted), torch.stack(rows), forwards=len(drafted))
 
-    def catch_up(self, features: torch.Tensor, tokens: torch.Tensor, cached: int) -> torch.Tensor:
-        """Read (f_i, x_{i+1}) for the positions not read yet (at least the last one); f^ at the last (1, d)."""
+    def catch_up(self, features: torch.Tensor, tokens: torch.Tensor, cached: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read (f_i, x_{i+1}) for the positions not read yet (at least the last one); f^ at the last (1, d) and
+        its logits on S (1, N)."""
         start = min(self.synced, cached - 1)
         self.crop_to(start)
         positions = torch.arange(start, cached, device=features.device)[None]  # (1, n)
-        predicted = self.head(features[None, start:cached], tokens[None, start + 1 : cached + 1], positions,
-                              self.cache)
+        predicted, logits = self.advance(features[None, start:cached], tokens[None, start + 1 : cached + 1],
+                                         positions)
         self.synced = cached
-        return predicted[:, -1]
+        return predicted[:, -1], logits
+
+    def advance(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's forward on the n positions after its cache's (features (1, n, d), tokens and positions
+        (1, n)): f^ at each (1, n, d), and the logits on S at the last (1, N); eager or compiled."""
+        runtime = compiled_head(self.head)
+        if runtime is None:
+            predicted = self.head(features, tokens, positions, self.cache)
+            logits = self.head.subset_logits(predicted[:, -1])
+        else:
+            predicted, logits = runtime.forward(self.cache, self.length, features, tokens, positions)
+            logits = logits[:, -1]
+        self.length += tokens.shape[1]
+        return predicted, logits
 
     def crop_to(self, length: int) -> None:
         """Keep the first `length` positions of the head's cache."""
-        surplus = self.cache.get_seq_length() - length
+        surplus = self.length - length
         if surplus > 0:
-            self.cache.crop(-surplus)  # transformers' crop takes the number of positions to drop, negated
+            if compiled_head(self.head) is None:
+                self.cache.crop(-surplus)  # transformers' crop takes the number of positions to drop, negated
+            else:
+                for layer in self.cache.layers:
+                    layer.keep_slots(length)
+            self.length = length
 
-    def step(self, predicted: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
-        """One drafting step on the head's own prediction: (f^, x) at `position` -> the next f^ (1, d)."""
+    def step(self, predicted: torch.Tensor, token: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafting step on the head's own prediction: (f^, x) at `position` -> the next f^ (1, d) and its
+        logits on S (1, N)."""
         positions = torch.tensor([[position]], device=predicted.device)
-        return self.head(predicted[:, None], token[None].to(predicted.device), positions, self.cache)[:, -1]
+        predicted, logits = self.advance(predicted[:, None], token[None].to(predicted.device), positions)
+        return predicted[:, -1], logits
 
     def rollback_row(self, length: int) -> None:
         self.synced = min(self.synced, max(length - 1, 0))
@@ -158,7 +183,7 @@ class HeadTreeDrafter(HeadDrafter):
         if features.shape[0] == 0 or depth == 0:
             return empty_tree(vocab_size, sequence.device)
         self.cached = features.shape[0]
-        self.predicted = {(): self.catch_up(features, sequence[0], self.cached)}  # path -> f^ of its last token
+        self.predicted = {(): self.catch_up(features, sequence[0], self.cached)[0]}  # path -> f^ of its last token
         self.fed: tuple[int, ...] = ()  # the path whose head states follow the sequence's in the head's cache
         return grow_tree(self, sequence, depth, sampling, vocab_size, generator)
 
@@ -178,7 +203,7 @@ class HeadTreeDrafter(HeadDrafter):
         inputs = torch.cat([self.predicted[path[:i]] for i in range(common, len(path))])  # (n, d)
         tokens = torch.tensor([path[common:]], device=inputs.device)
         positions = torch.arange(self.cached + common, self.cached + len(path), device=inputs.device)[None]
-        out = self.head(inputs[None], tokens, positions, self.cache)[0]  # (n, d)
+        out = self.advance(inputs[None], tokens, positions)[0][0]  # (n, d)
         for i in range(common, len(path)):
             self.predicted[path[: i + 1]] = out[i - common][None]
         self.fed = path

@@ -120,27 +120,28 @@ class CompiledForward:
             return None
         return min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w)) if self.pass_ms else fits[0]
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = tuple(tokens.shape)
+    def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width)."""
+        shape = tuple(inputs[0].shape)
         with inductor_settings(self.options):
             if shape in self.record.seconds:
-                return self.compiled(tokens, positions, mask, cache)
-            return self.first_call(shape, tokens, positions, mask, cache)
+                return self.compiled(*inputs)
+            return self.first_call(shape, *inputs)
 
-    def first_call(self, shape, tokens, positions, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def first_call(self, shape, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
         from torch._dynamo.utils import counters
 
         before = {key: counters["inductor"][f"fxgraph_cache_{key}"] for key in ("hit", "miss", "bypass")}
         start = time.perf_counter()
         try:
-            out = self.compiled(tokens, positions, mask, cache)
+            out = self.compiled(*inputs)
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             self.record.eager_reason = f"{type(error).__name__}: {reason}"[:300]
             log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__,
                         self.record.eager_reason)
-            return self.run(tokens, positions, mask, cache)  # tracing failed before anything ran
+            return self.run(*inputs)  # tracing failed before anything ran
         self.record.seconds[shape] = time.perf_counter() - start
         self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - before["hit"]
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
@@ -165,7 +166,7 @@ def allow_graphs(count: int) -> None:
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * count)
 
 
-RUNTIMES: WeakKeyDictionary[PreTrainedModel, CompiledForward] = WeakKeyDictionary()
+RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads
 
 
 def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:

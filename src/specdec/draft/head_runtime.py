@@ -1,0 +1,100 @@
+"""A draft head's forward on the compiled runtime (specdec.runtime.compiled): one graph per pass width over a slot
+cache, the head's output layer W_S inside the graph.
+
+A head drafts one token per forward, so its cost per draft token is a chain of small matrix-vector products plus
+the Python of an eager decoder layer; against a compiled target step of about 20-30 ms those few milliseconds are a
+large c. Compiled, the forward (fc, the body's layers, W_S) is one graph with frozen weights, as the target's is.
+
+The head's cache holds one position per slot, in order (slot i is position i: it only ever holds the sequence's
+true positions and one path drafted after them), so the mask of a query at position p is every slot <= p; padding
+queries of a bucket sit after the live ones and their slots are dropped after the pass.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import DynamicCache
+
+from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable, inductor_cache_dir
+from ..runtime.layers import slot_cache
+from ..runtime.masks import model_mask
+from .head import DraftHead
+
+HEAD_WIDTHS = (1, 2, 4)  # buckets: a drafting step reads one position, a catch-up the tokens accepted plus one
+
+
+class CompiledHead(CompiledForward):
+    """DraftHead.forward and W_S under torch.compile over a slot cache (see the module's docstring)."""
+
+    def __init__(self, head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
+                 autotune: bool = False):
+        super().__init__(head, widths, capacity, autotune)
+
+    def run(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """f^ (B, n, d) and the logits on S (B, n, N) for features (B, n, d), the tokens after them and their
+        positions (B, n), written into the cache's slots at those positions."""
+        capacity = cache.layers[0].capacity
+        seen = torch.arange(capacity, device=positions.device)[None, None, :] <= positions[:, :, None]
+        predicted = self.model(features, tokens, positions, cache, model_mask(seen, self.model.body))
+        return predicted, self.model.subset_logits(predicted)
+
+    def new_cache(self) -> DynamicCache:
+        return slot_cache(self.model.body, self.capacity)
+
+    def forward(self, cache: DynamicCache, length: int, features: torch.Tensor, tokens: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of n positions after the `length` the cache holds, padded to its bucket (eager when wider than
+        every bucket, or into an empty cache, which it allocates); the padding's slots are dropped after it."""
+        width = tokens.shape[1]
+        bucket = self.bucket(width)
+        padded = bucket or width
+        for layer in cache.layers:
+            layer.reserve(length + padded)
+        if padded > width:
+            features, tokens, positions = padded_inputs(features, tokens, positions, padded)
+        inputs = (features.contiguous(), tokens.contiguous(), positions.contiguous(), cache)
+        held = all(layer.held() for layer in cache.layers)
+        predicted, logits = (self if bucket is not None and held else self.run)(*inputs)
+        for layer in cache.layers:
+            layer.keep_slots(length + width)
+        return predicted[:, :width], logits[:, :width]
+
+    def build(self) -> None:
+        """Compile (or load from inductor's disk cache) every width's graph now, on a cache of its own, so that no
+        timed draft pays a first compile."""
+        cache, length, weight = self.new_cache(), 0, self.model.fc.weight
+        for width in (1, *self.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
+            features = torch.zeros(1, width, weight.shape[1] // 2, dtype=weight.dtype, device=weight.device)
+            tokens = torch.zeros(1, width, dtype=torch.long, device=weight.device)
+            self.forward(cache, length, features, tokens, length + torch.arange(width, device=weight.device)[None])
+            length += width
+
+
+def padded_inputs(features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, width: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pass widened to `width` with copies of its last query at the next positions (dropped afterwards)."""
+    extra = width - tokens.shape[1]
+    after = positions[:, -1:] + torch.arange(1, extra + 1, device=positions.device)
+    return (torch.cat([features, features[:, -1:].expand(-1, extra, -1)], dim=1),
+            torch.cat([tokens, tokens[:, -1:].expand(-1, extra)], dim=1), torch.cat([positions, after], dim=1))
+
+
+def compile_head(head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
+                 autotune: bool = False) -> CompiledHead:
+    """Draft with `head` on the compiled runtime from now on (every HeadDrafter of it: their caches become slot
+    caches at their next sequence). Compiles lazily, one graph per width bucket at its first use (or all at once:
+    CompiledHead.build). Registered with the models' runtimes, so that specdec.runtime.compiled.graphs_built counts
+    its graphs."""
+    check_compilable(head.body)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    RUNTIMES[head] = CompiledHead(head, widths, capacity, autotune)
+    return RUNTIMES[head]
+
+
+def compiled_head(head: DraftHead) -> CompiledHead | None:
+    """The head's compiled runtime, or None for the eager one."""
+    runtime = RUNTIMES.get(head)
+    return runtime if isinstance(runtime, CompiledHead) else None
