@@ -261,7 +261,7 @@ def target_key(cfg: DictConfig) -> str:
     """The settings that decide which target loads."""
     q = quantization_of(cfg, "target")
     key = [cfg.model.target.name, q, cfg.quantization.compute_dtype if q != "none" else None, cfg.device, cfg.dtype,
-           cfg.threads, OmegaConf.to_container(cfg.runtime)]  # fmt: skip
+           cfg.threads, {k: v for k, v in OmegaConf.to_container(cfg.runtime).items() if k != "heads"}]  # fmt: skip
     return json.dumps(key, default=str)
 
 
@@ -269,7 +269,8 @@ def pair_key(cfg: DictConfig) -> str:
     """The settings that decide which weights load: the jobs of a sweep over k or temperature share one pair
     (a calibrated pair keeps the draft its first job's calibration chose, at that job's k and sampling)."""
     draft = OmegaConf.to_container(draft_node(cfg), resolve=True, throw_on_missing=False)
-    return json.dumps([target_key(cfg), draft], sort_keys=True, default=str)
+    return json.dumps([target_key(cfg), draft, cfg.runtime.get("heads")], sort_keys=True, default=str)  # heads: a
+    # trained head's forward compiled or eager (the target's runtime is the same)
 
 
 class Pairs:
