@@ -99,3 +99,16 @@ def test_padding_repeats_the_last_query_at_the_next_positions():
     padded = padded_inputs(features, tokens, positions, 4)
     assert torch.equal(padded[1], torch.tensor([[5, 6, 7, 7]])) and torch.equal(padded[2], torch.tensor([[10, 11, 12, 13]]))
     assert torch.equal(padded[0][:, 3], features[:, 2]) and torch.equal(padded[0][:, :3], features)
+
+
+def test_one_head_graph_serves_every_sequence_length(tmp_path, monkeypatch):
+    """The graphs built at load serve every draft: a graph guards on its inputs' dispatch keys (drafting runs in
+    inference mode) and strides (the head reads slices of the target's features, whose strides carry the sequence's
+    length); a guard that fails recompiles inside a timed draft (a minute per graph with autotune)."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    head = two_heads(target, tmp_path)[0]
+    compile_head(head, capacity=CAPACITY).build()  # every width's graph, as a run builds them at load
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # a recompile raises RecompileError
+    for n in (4, 12):
+        out = speculative_generate(target, HeadDrafter(head), GREEDY_PROMPT, k=2, sampling=GREEDY, max_new_tokens=n)
+        assert out.tokens.numel() == n

@@ -55,7 +55,8 @@ class CompiledHead(CompiledForward):
             layer.reserve(length + padded)
         if padded > width:
             features, tokens, positions = padded_inputs(features, tokens, positions, padded)
-        inputs = (features.contiguous(), tokens.contiguous(), positions.contiguous(), cache)
+        inputs = (*(x.clone(memory_format=torch.contiguous_format) for x in (features, tokens, positions)), cache)
+        # fresh strides: a graph guards on them, and a slice of the target's features carries its sequence's length
         held = all(layer.held() for layer in cache.layers)
         predicted, logits = (self if bucket is not None and held else self.run)(*inputs)
         for layer in cache.layers:
@@ -65,11 +66,16 @@ class CompiledHead(CompiledForward):
     def build(self) -> None:
         """Compile (or load from inductor's disk cache) every width's graph now, on a cache of its own, so that no
         timed draft pays a first compile."""
-        cache, length, weight = self.new_cache(), 0, self.model.fc.weight
-        for width in (1, *self.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
-            features = torch.zeros(1, width, weight.shape[1] // 2, dtype=weight.dtype, device=weight.device)
-            tokens = torch.zeros(1, width, dtype=torch.long, device=weight.device)
-            self.forward(cache, length, features, tokens, length + torch.arange(width, device=weight.device)[None])
+        with torch.inference_mode():  # as drafting runs: a graph guards on its inputs' dispatch keys
+            self.build_widths(self.new_cache(), self.model.embed.weight)  # the target's embedding: its features' dtype
+
+    def build_widths(self, cache: DynamicCache, like: torch.Tensor) -> None:
+        """One dummy pass of each width into `cache` (the first, into the empty cache, runs eager: it allocates)."""
+        length, d = 0, like.shape[1]
+        for width in (1, *self.widths):
+            features = torch.zeros(1, width, d, dtype=like.dtype, device=like.device)
+            tokens = torch.zeros(1, width, dtype=torch.long, device=like.device)
+            self.forward(cache, length, features, tokens, length + torch.arange(width, device=like.device)[None])
             length += width
 
 
