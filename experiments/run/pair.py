@@ -266,11 +266,10 @@ def target_key(cfg: DictConfig) -> str:
 
 
 def pair_key(cfg: DictConfig) -> str:
-    """The settings that decide which weights load: the jobs of a sweep over k or temperature share one pair
-    (a calibrated pair keeps the draft its first job's calibration chose, at that job's k and sampling)."""
+    """The settings that decide which weights load and how a head runs (runtime.heads): the jobs of a sweep over k or
+    temperature share one pair (a calibrated pair keeps the draft its first job's calibration chose, at its k)."""
     draft = OmegaConf.to_container(draft_node(cfg), resolve=True, throw_on_missing=False)
-    return json.dumps([target_key(cfg), draft, cfg.runtime.get("heads")], sort_keys=True, default=str)  # heads: a
-    # trained head's forward compiled or eager (the target's runtime is the same)
+    return json.dumps([target_key(cfg), draft, cfg.runtime.get("heads")], sort_keys=True, default=str)
 
 
 class Pairs:
