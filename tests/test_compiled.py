@@ -264,18 +264,16 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
     assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()
 
 
-def test_one_graph_serves_every_cache_and_sequence_length():
+def test_one_graph_serves_every_cache_and_sequence_length(monkeypatch):
     """A graph guards on its inputs' dispatch keys and strides: a cache's fill count must be the same kind of tensor
     wherever the cache was made (a timing helper makes them in inference mode, a decoding loop outside), and a pass
     sliced out of a longer sequence must not carry that sequence's stride, or new caches and lengths recompile."""
-    from torch._dynamo.utils import counters
-
     target = compiled_tiny("llama")
     CachedLM(target).forward(GREEDY_PROMPT)  # the prefill runs eager; then one compiled step each
     first = CachedLM(target)
     first.forward(GREEDY_PROMPT[:, :5])
     first.forward(GREEDY_PROMPT[:, 5:6])
-    compiled_frames = counters["frames"]["ok"]
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
     with torch.inference_mode():
         inside = CachedLM(target)
     inside.forward(GREEDY_PROMPT[:, :5])
@@ -284,5 +282,4 @@ def test_one_graph_serves_every_cache_and_sequence_length():
     longer = CachedLM(target)  # a step sliced out of a longer sequence (another stride): the same graph too
     ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
     longer.forward(ids[:, :9])
-    longer.forward(ids[:, 9:10])
-    assert counters["frames"]["ok"] == compiled_frames
+    assert longer.forward(ids[:, 9:10]).shape[1] == 1
