@@ -66,8 +66,8 @@ class HeadDrafter(RowDrafter):
         super().start(prompts)
 
     def start_row(self, prompt: torch.Tensor) -> None:
-        runtime = compiled_head(self.head)
-        self.cache = runtime.new_cache() if runtime else DynamicCache(config=self.head.body.config)
+        self.runtime = compiled_head(self.head)  # fixed for the sequence: it decides the kind of cache
+        self.cache = self.runtime.new_cache() if self.runtime else DynamicCache(config=self.head.body.config)
         self.length = 0  # positions in the head's cache
         self.synced = 0  # positions the head has read from true features
 
@@ -120,12 +120,11 @@ class HeadDrafter(RowDrafter):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's forward on the n positions after its cache's (features (1, n, d), tokens and positions
         (1, n)): f^ at each (1, n, d), and the logits on S at the last (1, N); eager or compiled."""
-        runtime = compiled_head(self.head)
-        if runtime is None:
+        if self.runtime is None:
             predicted = self.head(features, tokens, positions, self.cache)
             logits = self.head.subset_logits(predicted[:, -1])
         else:
-            predicted, logits = runtime.forward(self.cache, self.length, features, tokens, positions)
+            predicted, logits = self.runtime.forward(self.cache, self.length, features, tokens, positions)
             logits = logits[:, -1]
         self.length += tokens.shape[1]
         return predicted, logits
@@ -134,7 +133,7 @@ class HeadDrafter(RowDrafter):
         """Keep the first `length` positions of the head's cache."""
         surplus = self.length - length
         if surplus > 0:
-            if compiled_head(self.head) is None:
+            if self.runtime is None:
                 self.cache.crop(-surplus)  # transformers' crop takes the number of positions to drop, negated
             else:
                 for layer in self.cache.layers:
