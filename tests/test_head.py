@@ -40,6 +40,7 @@ from specdec.train.head import (
     first_token_acceptance,
     head_loss,
     restricted_labels,
+    target_side,
     teacher_pass,
 )
 
@@ -289,3 +290,26 @@ def test_the_answer_mask_limits_the_loss_and_the_validation_to_answer_positions(
         head_loss(head, replace(batch, answer=None), answers_only=True)
     scores = first_token_acceptance(head, batch, target.get_output_embeddings().weight)
     assert scores["answer_positions"] == 20 and 0 <= scores["answer_alpha"] <= 1
+
+
+def test_the_validation_on_the_draft_vocabulary_equals_the_whole_vocabulary_formula():
+    """alpha = E[sum_x min(p(x), q(x))] and the greedy match computed on S (q is 0 outside it), with the target's side
+    computed on the spot or once beforehand (TargetSide), equal the formula over the whole vocabulary."""
+    target = tiny_model("llama", seed=0)
+    rows = [(text, *teacher_pass(target, text))
+            for text in (torch.randint(32, (16,), generator=torch.Generator().manual_seed(s)) for s in range(3))]
+    batch = chunked(rows, 16).batch(slice(None))
+    head = random_head(target, vocab=torch.tensor([5, 1, 30, 2, 7, 11, 0, 3]))
+    weight = target.get_output_embeddings().weight
+    with torch.no_grad():
+        width = batch.tokens.shape[1] - 1
+        positions = torch.arange(width)[None].expand(len(batch), -1)
+        draft_logits = head.logits(head(batch.features[:, :-1], batch.tokens[:, 1:], positions))  # (B, T-1, V)
+        target_logits = batch.features[:, 1:] @ weight.T
+        alpha = torch.minimum(target_logits.softmax(-1), draft_logits.softmax(-1)).sum(-1).mean()
+        match = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    side = target_side(head, batch, weight)
+    for scores in (first_token_acceptance(head, batch, weight), first_token_acceptance(head, batch, None, target=side)):
+        assert scores["alpha"] == pytest.approx(float(alpha), abs=1e-6)
+        assert scores["greedy_match"] == pytest.approx(float(match))
+    assert 0 < float(alpha) < 1 and side.p_on_s.shape == (3, 15, 8)

@@ -23,11 +23,13 @@ from tqdm import tqdm
 from specdec.draft.head import DraftHead, frequency_ranked, save_atomically, save_head
 from specdec.runtime.models import load_model, load_tokenizer
 from specdec.train.head import (
+    TargetSide,
     Teacher,
     answer_positions,
     chunked,
     first_token_acceptance,
     head_loss,
+    target_side,
     teacher_pass,
 )
 
@@ -63,12 +65,25 @@ def teacher_data(cfg: DictConfig, target, tokenizer) -> tuple[Teacher, dict]:
     return teacher, record
 
 
-def validation_acceptance(head: DraftHead, validation: Teacher, weight: torch.Tensor, softcap, batch: int) -> dict:
+TARGET_SIDE_BYTES = 2**31  # the most memory the validation's precomputed p on S may take
+
+
+def validation_batches(head: DraftHead, validation: Teacher, weight: torch.Tensor, softcap, batch: int
+                       ) -> list[tuple[Teacher, TargetSide | None]]:
+    """The validation chunks in batches, each with the target's side of the acceptance, computed once here (on a
+    262k-token vocabulary the target's logits are most of a validation's time) when p on S fits TARGET_SIDE_BYTES,
+    else None (each validation computes it again)."""
+    parts = [validation.batch(slice(i, i + batch)) for i in range(0, len(validation), batch)]
+    keep = validation.tokens.numel() * head.vocab.numel() * 4 <= TARGET_SIDE_BYTES
+    return [(part, target_side(head, part, weight, softcap) if keep else None) for part in parts]
+
+
+def validation_acceptance(head: DraftHead, batches: list[tuple[Teacher, TargetSide | None]], weight: torch.Tensor,
+                          softcap) -> dict:
     """alpha and the greedy match rate over every validation chunk, in batches (equal positions each), and over
     the positions drafting an assistant's token (weighted by their count in each batch)."""
-    parts = [first_token_acceptance(head, validation.batch(slice(i, i + batch)), weight, softcap)
-             for i in range(0, len(validation), batch)]
-    sizes = [min(batch, len(validation) - i) for i in range(0, len(validation), batch)]
+    parts = [first_token_acceptance(head, part, weight, softcap, target) for part, target in batches]
+    sizes = [len(part) for part, _ in batches]
     out = {key: sum(p[key] * n for p, n in zip(parts, sizes)) / sum(sizes) for key in ("alpha", "greedy_match")}
     answers = sum(p.get("answer_positions", 0) for p in parts)
     for key in ("answer_alpha", "answer_greedy_match"):
@@ -117,6 +132,7 @@ def train(cfg: DictConfig, head: DraftHead, data: tuple[Teacher, Teacher], folde
     optimizer = torch.optim.AdamW(head.parameters(), lr=t.lr)
     state = resume(folder, head, optimizer)
     weight = target.get_output_embeddings().weight.detach()
+    batches = validation_batches(head, validation, weight, head.softcap, t.batch)
     generator = torch.Generator().manual_seed(t.seed + state["step"])
     bar = tqdm(range(state["step"], t.steps), initial=state["step"], total=t.steps, desc="training", unit="step")
     for step in bar:
@@ -133,7 +149,7 @@ def train(cfg: DictConfig, head: DraftHead, data: tuple[Teacher, Teacher], folde
         if state["step"] % t.eval_every == 0 or state["step"] == t.steps:
             point = {"step": state["step"], "tokens": state["step"] * t.batch * (training.tokens.shape[1] - 1),
                      "loss": loss.item(), **parts, "seconds": state["seconds"],
-                     **validation_acceptance(head, validation, weight, head.softcap, t.batch)}
+                     **validation_acceptance(head, batches, weight, head.softcap)}
             state["curve"].append(point)
             log_point(logger, point)
             bar.set_postfix(alpha=f"{point['alpha']:.3f}", loss=f"{point['loss']:.3f}")

@@ -154,17 +154,39 @@ def first_token_predictions(head: DraftHead, batch: Teacher, target_weight: torc
     return predicted, target_logits
 
 
+@dataclass
+class TargetSide:
+    """The target's half of the validation at every position of a batch, which training does not change: p on the
+    head's draft vocabulary S (B, T-1, N) and argmax p (B, T-1). q is 0 outside S, so sum_x min(p(x), q(x)) needs p
+    on S alone; computed once, it spares every later validation the target's whole-vocabulary logits."""
+
+    p_on_s: torch.Tensor
+    best: torch.Tensor
+
+
+@torch.no_grad()
+def target_side(head: DraftHead, batch: Teacher, target_weight: torch.Tensor, softcap: float | None = None
+                ) -> TargetSide:
+    """p on S and argmax p at every position of the batch (TargetSide), from its stored features."""
+    target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
+    if softcap:
+        target_logits = torch.tanh(target_logits / softcap) * softcap
+    return TargetSide(target_logits.softmax(dim=-1)[..., head.vocab], target_logits.argmax(-1))
+
+
 @torch.no_grad()
 def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
-                           softcap: float | None = None) -> dict[str, float]:
+                           softcap: float | None = None, target: TargetSide | None = None) -> dict[str, float]:
     """alpha (temperature 1) and the greedy match rate of the first draft token over a batch (module docstring);
-    target_weight: the target's whole output layer (V, d)."""
-    predicted, target_logits = first_token_predictions(head, batch, target_weight, softcap)
-    p = target_logits.softmax(dim=-1)
-    draft_logits = head.logits(predicted, p.shape[-1])
-    q = draft_logits.softmax(dim=-1)
-    overlap = torch.minimum(p, q).sum(-1)  # (B, T-1)
-    match = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float()
+    target_weight: the target's whole output layer (V, d); target: the batch's TargetSide when computed already."""
+    target = target or target_side(head, batch, target_weight, softcap)
+    head.eval()
+    width = batch.tokens.shape[1] - 1
+    positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
+    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
+    q = head.subset_logits(predicted).softmax(dim=-1)  # (B, T-1, N): q on S (0 elsewhere)
+    overlap = torch.minimum(target.p_on_s, q).sum(-1)  # (B, T-1)
+    match = (head.vocab[q.argmax(-1)] == target.best).float()
     out = {"alpha": float(overlap.mean()), "greedy_match": float(match.mean())}
     if batch.answer is not None:
         answer = batch.answer[:, 1:]
