@@ -2,6 +2,7 @@
 finds it, resumes after an interruption, and reads ShareGPT's cut-off file up to its last whole record."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10,
 
 
 def test_head_keys_of_the_bench():
-    """head_vs_best_copy over the best copy, head_c from drafting seconds per draft token over a target step, and
+    """head_vs_best_copy over the best copy (a switch over a copy, lookup and the head is none), head_c from drafting seconds per draft token over a target step, and
     tokens per pass of the best fixed-k chain (a tree is not a chain)."""
     from experiments.bench.heads import head_ratios
     from experiments.bench.ratios import Figures
@@ -111,6 +112,7 @@ def test_head_keys_of_the_bench():
     contenders = {
         "ar": contender(None, 4, 10.0),
         "copy": contender("model", "auto", 11.0),
+        "default": {**contender("model", "auto", 13.0), "draft_kinds": ["head", "model", "ngram"]},  # a switch
         "head_k3": contender("head", 3, 13.2, draft_s=0.6, forwards=100, emitted=30, passes=12),
         "head_stopped": contender("head", 3, 13.5, overrides=["model.draft.confidence=0.4"], draft_s=0.9, forwards=50,
                                   emitted=30, passes=15),  # a confidence stop: not a fixed-k chain
@@ -123,7 +125,22 @@ def test_head_keys_of_the_bench():
     assert keys["head_tokens_per_pass"] == pytest.approx(30 / 12)  # the best fixed-k chain
     assert keys["gemma3_head_vs_target_only"] == pytest.approx(1.4)
     assert head_ratios(Figures({"ar": contenders["ar"]}), {}) == {}
+    del contenders["copy"]
+    assert math.isnan(head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}})["head_vs_best_copy"])
     from experiments.bench.goals import goal_entries
 
     goals = goal_entries({"head_c": 0.08, "head_tokens_per_pass": 2.0})
     assert goals["head_c"]["met"] and not goals["head_tokens_per_pass"]["met"]  # a cost is met at or below
+
+
+def test_a_switch_drafts_with_its_candidates_kinds():
+    from experiments.bench.heads import draft_kind, draft_kinds
+    from specdec import DraftSwitch, NGramDrafter
+    from specdec.draft.head import DraftHead
+    from specdec.draft.head_drafter import HeadDrafter
+    from specdec.runtime.tiny import tiny_model
+
+    head, lookup = HeadDrafter(DraftHead(tiny_model("llama", seed=0))), NGramDrafter()
+    assert draft_kind(head) == "head" and draft_kind(lookup) == "ngram"
+    assert draft_kinds(DraftSwitch({"head": head, "ngram": lookup})) == ["head", "ngram"]
+    assert draft_kinds(DraftSwitch({"a": lookup, "b": NGramDrafter()})) == ["ngram"]

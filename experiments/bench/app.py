@@ -38,9 +38,6 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from specdec.draft.head_drafter import HeadDrafter
-from specdec.draft.ngram import NGramDrafter
-from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
 from specdec.runtime.models import encode_prompt
 
 from ..records import machine, write_result
@@ -53,12 +50,11 @@ from .checks import DEFAULT, check_bench, output_check
 from .failures import Failures, mark_not_measured, write_contender
 from .figures import contender_figures, cost_figures
 from .goals import ISSUE_9, goal_entries
+from .heads import draft_kind, draft_kinds
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import annotate_goals, pairwise, ratios
 from .schedule import ForwardClock, Output, Run, interleaved, output_of
 from .table import bench_table
-
-LOOKUPS = (NGramDrafter, NGramTreeDrafter)  # drafters that draft from the text alone
 
 
 @dataclass
@@ -82,10 +78,7 @@ class Contender:
             return "model" if self.setup.hf.assistant else "ngram" if self.setup.hf.prompt_lookup else None
         if self.method == "autoregressive":
             return None
-        drafter = self.setup.drafter
-        if isinstance(drafter, HeadDrafter):
-            return "head"
-        return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(drafter, LOOKUPS) else "model"
+        return draft_kind(self.setup.drafter)
 
     @property
     def pass_width(self) -> int | None:
@@ -100,6 +93,7 @@ class Contender:
         lookup = self.setup.hf.prompt_lookup if self.method == "hf" else None
         return {"overrides": self.overrides, "method": self.method, "owner": self.owner, "drafts": self.drafts,
                 "k": self.setup.plan.k, "prompt_lookup": lookup, "pass_width": self.pass_width,
+                "draft_kinds": draft_kinds(self.setup.drafter) if self.owner == "ours" and self.drafts else [],
                 "head": getattr(self.setup.drafter, "checkpoint", None)}  # fmt: skip
 
     def run(self, ids: torch.Tensor, n: int, seed: int, stop_at_eos: bool = True) -> Output:

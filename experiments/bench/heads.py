@@ -2,7 +2,8 @@
 its tokens per target pass, and the best head over target-only (`<pair>_head_vs_target_only`).
 
 A contender drafts with a head when its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders
-whose draft is a model (`drafts: model`).
+whose every draft is a model (`draft_kinds: ["model"]`): the calibrated default's online choice over a copy, prompt
+lookup and the head is not a copy.
 """
 
 from __future__ import annotations
@@ -10,6 +11,29 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+
+def draft_kind(drafter) -> str:
+    """What drafts: "head", "ngram" (a lookup), "hybrid" (a tree of both), or "model" (a copy or another model; a
+    DraftSwitch, the calibrated default's online choice, counts as one whatever its candidates: see draft_kinds)."""
+    from specdec.draft.head_drafter import HeadDrafter
+    from specdec.draft.ngram import NGramDrafter
+    from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
+
+    if isinstance(drafter, HeadDrafter):
+        return "head"
+    return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(
+        drafter, (NGramDrafter, NGramTreeDrafter)) else "model"
+
+
+def draft_kinds(drafter) -> list[str]:
+    """The kinds a drafter drafts with: each candidate's of a DraftSwitch, else its own (draft_kind)."""
+    from specdec.draft.switch import DraftSwitch
+
+    if isinstance(drafter, DraftSwitch):
+        return sorted({draft_kind(candidate) for candidate in drafter.candidates.values()})
+    return [draft_kind(drafter)]
+
 
 UNFIXED = ("tree=", "model.draft.confidence=")  # a tree is not a chain; a confidence stop drafts fewer than k tokens
 
@@ -33,7 +57,8 @@ def head_ratios(f, result: dict) -> dict[str, float]:
     """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k (k tokens every
     round: no tree, no confidence stop, whose drafting seconds also count rounds that draft nothing), when the
     bench ran a head; `f` is the bench's ratios.Figures."""
-    heads, copies = f.group("ours", "head"), f.group("ours", "model")
+    heads = f.group("ours", "head")
+    copies = [n for n in f.group("ours", "model") if f.c[n].get("draft_kinds", ["model"]) == ["model"]]
     if not heads:
         return {}
     best = f.best(heads)
