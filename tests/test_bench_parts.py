@@ -29,12 +29,14 @@ def test_unknown_contender_is_refused():
             contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
 
 
-def test_pooled_chosen_k_histograms_add_up():
+def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():
     run = {key: 1.0 for key in ("emitted", "drafted", "accepted", "target_forwards", "draft_forwards")}
     run.update(overlap_sum=0.5, overlap_count=1, tree_rounds=0, tree_nodes_sum=0, tree_depth_sum=0,
                predicted_tokens=2.0, predicted_seconds=1.0, measured_tokens=1, measured_seconds=2.0)
-    pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2]}, {**run, "chosen_k_histogram": [0, 1, 4]}])
+    pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2], "draft_rounds": {"head": 3, "ngram": 1}},
+                           {**run, "chosen_k_histogram": [0, 1, 4], "draft_rounds": {"head": 2, "copy": 5}}])
     assert pooled["chosen_k_histogram"] == [1, 3, 4]
+    assert pooled["draft_rounds"] == {"copy": 5, "head": 5, "ngram": 1}
     assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
 
 

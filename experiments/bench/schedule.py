@@ -25,12 +25,13 @@ class Output:
 
 def output_of(g: Generation, ours: bool) -> Output:
     """A contender's output; our loops add their Stats summary, with the per-round lists as totals (chosen
-    draft lengths for k="auto", tree sizes)."""
+    draft lengths for k="auto", drafting rounds per candidate of an online draft choice, tree sizes)."""
     if not ours:
         return Output(g.tokens)
     summary = g.stats.summary()
     summary.update(
         chosen_k_histogram=g.stats.chosen_k_histogram,
+        draft_rounds={d: g.stats.chosen_draft.count(d) for d in set(g.stats.chosen_draft) if d},
         tree_rounds=len(g.stats.tree_nodes),
         tree_nodes_sum=sum(g.stats.tree_nodes),
         tree_depth_sum=sum(g.stats.tree_depths),
