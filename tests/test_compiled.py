@@ -25,7 +25,14 @@ from specdec.draft.head import DraftHead
 from specdec.draft.head_drafter import HeadDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.compiled import build_graphs, compile_model, compiled_forward, eager_model, graphs_built
+from specdec.runtime.compiled import (
+    build_graphs,
+    compile_model,
+    compiled_forward,
+    eager_model,
+    graphs_built,
+    time_buckets,
+)
 from specdec.runtime.models import dynamic_int8_copy
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass
@@ -129,6 +136,26 @@ def test_the_cheapest_measured_bucket_is_chosen():
     runtime.pass_ms = {1: 10.0, 2: 30.0, 4: 20.0}
     assert runtime.bucket(2) == 4  # a 2-token pass is cheaper padded to 4 here
     assert runtime.bucket(1) == 1
+
+
+def test_buckets_are_timed_at_load_and_a_pass_pads_to_the_cheapest():
+    """time_buckets fills pass_ms with every bucket's time; a 2-token pass then runs in the cheapest bucket that holds
+    it, and padded to 4 the greedy output is still HF's eager one."""
+    target = compiled_tiny("llama")
+    build_graphs(target)
+    runtime = compiled_forward(target)
+    pass_ms = time_buckets(target, context=8, repeats=3)
+    assert set(pass_ms) == set(WIDTHS) and all(ms > 0 for ms in pass_ms.values()) and runtime.pass_ms == pass_ms
+    assert runtime.bucket(2) == min((w for w in WIDTHS if w >= 2), key=lambda w: (pass_ms[w], w))
+    runtime.pass_ms = {1: 1.0, 2: 3.0, 4: 2.0}  # as measured on a CPU whose 2-row GEMM is the slower
+    shapes, graph = [], runtime.compiled
+    runtime.compiled = lambda *inputs: shapes.append(tuple(inputs[0].shape)) or graph(*inputs)
+    expected = hf_greedy(target, GREEDY_PROMPT, N_NEW)
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=1,
+                               sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, expected) and 0 < out.stats.acceptance_rate < 1
+    assert (1, 4) in shapes and (1, 2) not in shapes  # every 2-token pass ran in the 4-wide graph
+    assert time_buckets(eager_tiny := tiny_model("llama", seed=0)) == {} and compiled_forward(eager_tiny) is None
 
 
 def test_the_compiler_runs_under_the_runtime_settings():
@@ -258,6 +285,7 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
     assert set(runtime) == {"target", "draft"}
     assert set(runtime["target"]["seconds"]) == {"1x1", "1x2", "1x4", "1x8"}  # every bucket (conf/runtime/compiled.yaml),
     # built when the model loaded
+    assert set(runtime["target"]["pass_ms"]) == {"1", "2", "4", "8"}  # and timed, so a pass pads to the cheapest
     assert runtime["target"]["eager_reason"] is None
     assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
     rows = pd.read_json(tmp_path / "results.jsonl", lines=True)

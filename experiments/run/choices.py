@@ -62,16 +62,17 @@ def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Cali
 
 def runtime_markdown(runtimes: dict[str, CompiledForward]) -> str:
     """runtime=compiled: per model, its graphs' compile seconds, whether inductor's disk cache held them, or why the
-    model runs eager."""
+    model runs eager, and the ms of a pass in each width bucket as timed at load (a pass pads to the cheapest)."""
     rows = []
     for role, runtime in runtimes.items():
         r = runtime.record
         cache = ("warm" if r.warm else f"{r.cache_hits} loaded, {r.cache_misses} compiled, {r.cache_bypassed} "
                  "compiled and refused by the disk cache")
         shapes = ", ".join(f"{rows}x{width}" for rows, width in r.seconds)
+        timed = ", ".join(f"{w}: {ms:.1f}" for w, ms in runtime.pass_ms.items()) or "-"
         rows.append([role, r.eager_reason and f"eager ({r.eager_reason})" or "compiled", shapes or "-",
-                     cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache])
-    header = ["model", "runs", "graphs (rows x width)", "compile s", "inductor disk cache"]
+                     cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache, timed])
+    header = ["model", "runs", "graphs (rows x width)", "compile s", "inductor disk cache", "pass ms by bucket"]
     return f"Runtime: compiled (specdec.runtime.compiled).\n\n{markdown_table(header, rows)}\n"
 
 
@@ -82,7 +83,8 @@ def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     (run_dir / "runtime.md").write_text(runtime_markdown(runtimes))
     write_json(run_dir / "runtime.json", {
         role: {**asdict(r.record), "seconds": {f"{b}x{w}": s for (b, w), s in r.record.seconds.items()},
-               "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths)}
+               "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths),
+               "pass_ms": r.pass_ms}
         for role, r in runtimes.items()})
 
 

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
 from specdec.draft.head_runtime import compile_head
-from specdec.runtime.compiled import build_graphs, check_settings, compile_model
+from specdec.runtime.compiled import build_graphs, check_settings, compile_model, time_buckets
 
 from .settings import ConfigError, check_int
 
@@ -32,6 +32,7 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
         return
     compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
     build_graphs(model)  # now, not in a timed pass
+    time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
 
 
 def drafter_on_runtime(cfg: DictConfig, drafter) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
@@ -181,6 +182,33 @@ def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
     lm = CachedLM(model)
     for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
         lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
+
+
+def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) -> dict[int, float]:
+    """Median ms of one pass at each width bucket after a `context`-token prefix (the buckets interleaved, `repeats`
+    rounds), kept in the runtime's pass_ms so that a pass pads to the cheapest bucket that holds it: an autotuned
+    GEMM of 2 rows can cost more than one of 4 (Gemma 3 on a 2-core AVX512 CPU). Build the graphs first
+    (build_graphs). Eager models: {}."""
+    runtime = compiled_forward(model)
+    if runtime is None or runtime.eager:
+        return {}
+    from .cached import CachedLM  # (that module imports this one)
+
+    runtime.pass_ms = {}  # each width in its own bucket while timed
+    lm = CachedLM(model)
+    lm.forward(torch.zeros(1, context, dtype=torch.long, device=lm.device), last_only=True)
+    samples: dict[int, list[float]] = {width: [] for width in runtime.widths}
+    for _ in range(repeats):
+        for width in runtime.widths:
+            start = time.perf_counter()
+            lm.forward(torch.zeros(1, width, dtype=torch.long, device=lm.device))
+            if lm.device.type == "cuda":
+                torch.cuda.synchronize(lm.device)
+            samples[width].append(1000 * (time.perf_counter() - start))
+            lm.crop(context)
+    runtime.pass_ms = {width: statistics.median(ms) for width, ms in samples.items()}
+    log.info("pass ms by bucket: %s", {w: round(ms, 1) for w, ms in runtime.pass_ms.items()})
+    return runtime.pass_ms
 
 
 def graphs_built() -> int:
