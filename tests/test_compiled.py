@@ -136,6 +136,10 @@ def test_the_cheapest_measured_bucket_is_chosen():
     runtime.pass_ms = {1: 10.0, 2: 30.0, 4: 20.0}
     assert runtime.bucket(2) == 4  # a 2-token pass is cheaper padded to 4 here
     assert runtime.bucket(1) == 1
+    runtime.pass_ms = {1: 10.0, 2: 9.8, 4: 9.6}  # within timing noise: no padding
+    assert runtime.bucket(1) == 1 and runtime.bucket(2) == 2
+    runtime.pass_ms = {1: 10.0, 2: 30.0}  # a bucket never timed is never chosen over a timed one
+    assert runtime.bucket(2) == 2 and runtime.bucket(3) == 4
 
 
 def test_buckets_are_timed_at_load_and_a_pass_pads_to_the_cheapest():

@@ -29,6 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
+PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured at least this much cheaper
 
 WIDTHS = (1, 2, 4, 8)  # default buckets: new tokens per row of a compiled pass
 CAPACITY = 512  # default slots per row of the preallocated cache (doubled when a sequence outgrows it)
@@ -115,11 +116,15 @@ class CompiledForward:
         return self.record.eager_reason is not None
 
     def bucket(self, width: int) -> int | None:
-        """The bucket a pass of `width` tokens runs in (None: wider than every bucket, or the model runs eager)."""
+        """The bucket a pass of `width` tokens runs in (None: wider than every bucket, or the model runs eager): the
+        smallest that holds it, or a wider one measured at least PAD_GAIN cheaper (pass_ms), so that timing noise
+        between buckets of equal cost does not pad passes for nothing."""
         fits = [w for w in self.widths if w >= width]
         if self.eager or not fits:
             return None
-        return min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w)) if self.pass_ms else fits[0]
+        cheapest = min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w))
+        own = self.pass_ms.get(fits[0], float("inf"))
+        return cheapest if self.pass_ms.get(cheapest, float("inf")) < (1 - PAD_GAIN) * own else fits[0]
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width)."""
@@ -193,6 +198,7 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     if runtime is None or runtime.eager:
         return {}
     from .cached import CachedLM  # (that module imports this one)
+    from .timing import synchronize
 
     runtime.pass_ms = {}  # each width in its own bucket while timed
     lm = CachedLM(model)
@@ -200,10 +206,10 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     samples: dict[int, list[float]] = {width: [] for width in runtime.widths}
     for _ in range(repeats):
         for width in runtime.widths:
+            synchronize(lm.device)
             start = time.perf_counter()
             lm.forward(torch.zeros(1, width, dtype=torch.long, device=lm.device))
-            if lm.device.type == "cuda":
-                torch.cuda.synchronize(lm.device)
+            synchronize(lm.device)
             samples[width].append(1000 * (time.perf_counter() - start))
             lm.crop(context)
     runtime.pass_ms = {width: statistics.median(ms) for width, ms in samples.items()}
