@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 
 import torch
 from transformers import PreTrainedModel
@@ -51,8 +52,7 @@ def pooled_stats(stats: list[dict]) -> dict:
             if all(f"seconds_{key}" in s for s in stats)
         },
         "chosen_k_histogram": histogram,
-        "draft_rounds": {d: sum(s.get("draft_rounds", {}).get(d, 0) for s in stats)
-                         for d in sorted({d for s in stats for d in s.get("draft_rounds", {})})},  # online choice
+        "draft_rounds": dict(sorted(sum((Counter(s.get("draft_rounds", {})) for s in stats), Counter()).items())),
         # k="auto": the cost model's expected rate over the rounds it predicted, and what they measured
         "predicted_tokens_per_second": total("predicted_tokens") / predicted if predicted else None,
         "measured_tokens_per_second": total("measured_tokens") / measured if measured else None,

@@ -197,8 +197,8 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     runtime = compiled_forward(model)
     if runtime is None or runtime.eager:
         return {}
-    from .cached import CachedLM  # (that module imports this one)
-    from .timing import synchronize
+    from .cached import CachedLM  # (these modules import this one)
+    from .timing import stopwatch, timed_step
 
     runtime.pass_ms = {}  # each width in its own bucket while timed
     lm = CachedLM(model)
@@ -206,12 +206,12 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     samples: dict[int, list[float]] = {width: [] for width in runtime.widths}
     for _ in range(repeats):
         for width in runtime.widths:
-            synchronize(lm.device)
-            start = time.perf_counter()
-            lm.forward(torch.zeros(1, width, dtype=torch.long, device=lm.device))
-            synchronize(lm.device)
-            samples[width].append(1000 * (time.perf_counter() - start))
-            lm.crop(context)
+            run, undo = timed_step(lm, torch.zeros(1, width, dtype=torch.long, device=lm.device))
+            seconds: dict[str, float] = {}
+            with stopwatch(seconds, "pass", lm.device):
+                run()
+            undo()
+            samples[width].append(1000 * seconds["pass"])
     runtime.pass_ms = {width: statistics.median(ms) for width, ms in samples.items()}
     log.info("pass ms by bucket: %s", {w: round(ms, 1) for w, ms in runtime.pass_ms.items()})
     return runtime.pass_ms

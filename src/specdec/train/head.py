@@ -140,18 +140,19 @@ def head_loss(head: DraftHead, batch: Teacher, ce_weight: float = 0.1, unroll: i
     return total, parts
 
 
-def first_token_predictions(head: DraftHead, batch: Teacher, target_weight: torch.Tensor,
-                            softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head's predicted features f^ (B, T-1, d) of the first draft token at every position of a batch, and the
-    target's logits there (B, T-1, V), soft-capped as the target caps them."""
+def first_token_predictions(head: DraftHead, batch: Teacher) -> torch.Tensor:
+    """The head's predicted features f^ (B, T-1, d) of the first draft token at every position of a batch."""
     head.eval()
     width = batch.tokens.shape[1] - 1
     positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
-    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
-    target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
-    if softcap:
-        target_logits = torch.tanh(target_logits / softcap) * softcap
-    return predicted, target_logits
+    return head(batch.features[:, :-1], batch.tokens[:, 1:], positions)
+
+
+def target_logits(batch: Teacher, target_weight: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """The target's logits (B, T-1, V) for the token after each position but the first, from the stored features,
+    soft-capped as the target caps them."""
+    logits = batch.features[:, 1:] @ target_weight.T
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
 @dataclass
@@ -168,10 +169,8 @@ class TargetSide:
 def target_side(head: DraftHead, batch: Teacher, target_weight: torch.Tensor, softcap: float | None = None
                 ) -> TargetSide:
     """p on S and argmax p at every position of the batch (TargetSide), from its stored features."""
-    target_logits = batch.features[:, 1:] @ target_weight.T  # (B, T-1, V)
-    if softcap:
-        target_logits = torch.tanh(target_logits / softcap) * softcap
-    return TargetSide(target_logits.softmax(dim=-1)[..., head.vocab], target_logits.argmax(-1))
+    logits = target_logits(batch, target_weight, softcap)  # (B, T-1, V)
+    return TargetSide(logits.softmax(dim=-1)[..., head.vocab], logits.argmax(-1))
 
 
 @torch.no_grad()
@@ -180,11 +179,7 @@ def first_token_acceptance(head: DraftHead, batch: Teacher, target_weight: torch
     """alpha (temperature 1) and the greedy match rate of the first draft token over a batch (module docstring);
     target_weight: the target's whole output layer (V, d); target: the batch's TargetSide when computed already."""
     target = target or target_side(head, batch, target_weight, softcap)
-    head.eval()
-    width = batch.tokens.shape[1] - 1
-    positions = torch.arange(width, device=batch.features.device)[None].expand(len(batch), -1)
-    predicted = head(batch.features[:, :-1], batch.tokens[:, 1:], positions)  # (B, T-1, d)
-    q = head.subset_logits(predicted).softmax(dim=-1)  # (B, T-1, N): q on S (0 elsewhere)
+    q = head.subset_logits(first_token_predictions(head, batch)).softmax(dim=-1)  # (B, T-1, N): q on S (0 elsewhere)
     overlap = torch.minimum(target.p_on_s, q).sum(-1)  # (B, T-1)
     match = (head.vocab[q.argmax(-1)] == target.best).float()
     out = {"alpha": float(overlap.mean()), "greedy_match": float(match.mean())}
@@ -203,9 +198,8 @@ def confidence_counts(head: DraftHead, batch: Teacher, target_weight: torch.Tens
                       edges: tuple[float, ...] = CONFIDENCE_EDGES) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, greedy matches) per confidence bin [edges[j], edges[j+1]) (the last bin closed), over the
     answer positions when the batch marks them, else over every position; confidence: max_x q(x) at temperature 1."""
-    predicted, target_logits = first_token_predictions(head, batch, target_weight, softcap)
-    confidence, best = head.subset_logits(predicted).softmax(dim=-1).max(dim=-1)  # (B, T-1)
-    match = head.vocab[best] == target_logits.argmax(-1)
+    confidence, best = head.subset_logits(first_token_predictions(head, batch)).softmax(dim=-1).max(dim=-1)  # (B, T-1)
+    match = head.vocab[best] == target_logits(batch, target_weight, softcap).argmax(-1)
     keep = batch.answer[:, 1:].bool() if batch.answer is not None else torch.ones_like(match)
     bins = torch.bucketize(confidence[keep].float(), torch.tensor(edges[1:-1]), right=True)  # (n,) in 0..len-2
     count = torch.bincount(bins, minlength=len(edges) - 1)
