@@ -26,6 +26,7 @@ from specdec.draft.head_drafter import HeadDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import (
+    PAD_GAIN,
     build_graphs,
     compile_model,
     compiled_forward,
@@ -150,7 +151,9 @@ def test_buckets_are_timed_at_load_and_a_pass_pads_to_the_cheapest():
     runtime = compiled_forward(target)
     pass_ms = time_buckets(target, context=8, repeats=3)
     assert set(pass_ms) == set(WIDTHS) and all(ms > 0 for ms in pass_ms.values()) and runtime.pass_ms == pass_ms
-    assert runtime.bucket(2) == min((w for w in WIDTHS if w >= 2), key=lambda w: (pass_ms[w], w))
+    cheapest = min((w for w in WIDTHS if w >= 2), key=lambda w: (pass_ms[w], w))
+    padded = pass_ms[cheapest] < (1 - PAD_GAIN) * pass_ms[2]  # measured clearly cheaper than its own bucket
+    assert runtime.bucket(2) == (cheapest if padded else 2)
     runtime.pass_ms = {1: 1.0, 2: 3.0, 4: 2.0}  # as measured on a CPU whose 2-row GEMM is the slower
     shapes, graph = [], runtime.compiled
     runtime.compiled = lambda *inputs: shapes.append(tuple(inputs[0].shape)) or graph(*inputs)
