@@ -38,6 +38,7 @@ from specdec.runtime.models import dynamic_int8_copy
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass
 
+pytestmark = pytest.mark.xdist_group("inductor")  # one worker compiles: inductor's first compile in a process costs ~30 s cold
 N_NEW = 24
 WIDTHS = (1, 2, 4)
 

@@ -19,6 +19,7 @@ from specdec.draft.head_runtime import compile_head, compiled_head, padded_input
 from specdec.exact import sequence_distribution
 from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
+pytestmark = pytest.mark.xdist_group("inductor")  # one worker compiles: inductor's first compile in a process costs ~30 s cold
 N_NEW = 20
 CAPACITY = 64
 

@@ -219,6 +219,17 @@ def command_line() -> tuple[list[str], str]:
     return base, "python -m experiments.bench " + " ".join(task)
 
 
+def selected(b: DictConfig) -> list[str] | None:
+    """The contenders a bench builds (None: all): the reference alone for the runtime study, a memory or load run's
+    one, a study's own, else `bench.only` and the default run."""
+    study = b.scaling or b.get("batching")
+    if b.get("runtime_study"):
+        return [b.reference]
+    if b.memory_of or b.load_of:
+        return [b.memory_of or b.load_of]
+    return list(study.contenders) if study else b.only and [DEFAULT, *b.only]
+
+
 def bench(cfg: DictConfig) -> dict:
     """The benchmark the bench group describes: the comparison, the scaling study, or one memory run."""
     base, command = command_line()
@@ -228,10 +239,8 @@ def bench(cfg: DictConfig) -> dict:
     started = time.perf_counter()
     one = b.memory_of or b.load_of
     study = b.scaling or b.get("batching")
-    only = [one] if one else list(study.contenders) if study else b.only and [DEFAULT, *b.only]
-    only = [b.reference] if b.get("runtime_study") else only
     failures = None if one or study or b.get("runtime_study") else Failures(lambda s: print(s, flush=True))  # comparison
-    contenders = contenders_of(cfg, base, Pairs(), only, failures)
+    contenders = contenders_of(cfg, base, Pairs(), selected(b), failures)
     first = next(iter(contenders.values())).setup
     prompts = load_prompts(cfg.dataset)
     ids = {p.id: encode_prompt(first.pair.tokenizer, p.text, chat=first.plan.chat) for p in prompts}
