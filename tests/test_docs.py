@@ -143,7 +143,7 @@ def validate_unless_no_head(cfg) -> None:
     trained: the rest of the command is still checked."""
     try:
         validate(cfg)
-    except Exception as e:  # noqa: BLE001  (a ConfigError wraps the loader's error)
+    except Exception as e:  # a ConfigError wraps the loader's error
         if NO_HEAD not in str(e):
             raise
 
