@@ -30,12 +30,14 @@ def with_target(node: DictConfig, target) -> dict:
     return {"target": target(), "checkpoint": head_path(node.checkpoint)}
 
 
-def trained_candidates(candidates: DictConfig) -> dict[str, DictConfig]:
-    """The candidates to calibrate: a head only when one is trained for the target."""
+def trained_candidates(candidates: DictConfig, quiet: bool = False) -> dict[str, DictConfig]:
+    """The candidates to calibrate: a head only when one is trained for the target (quiet: without the log line
+    that names a head left out)."""
     kept = {}
     for name, node in candidates.items():
         if is_head(node) and node.checkpoint is None:
-            log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
+            if not quiet:
+                log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
             continue
         kept[name] = node
     return kept

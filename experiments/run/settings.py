@@ -185,10 +185,11 @@ def check_drafters(cfg: DictConfig) -> None:
     candidates = candidates_of(cfg)
     if candidates is None:
         check_target(cfg.model.draft, "model.draft")
-    elif not trained_candidates(candidates):
+    kept = trained_candidates(candidates or {}, quiet=True)  # the pair says which it leaves out, when it loads
+    if candidates is not None and not kept:
         raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate (a head counts once "
                           "trained)")
-    for name, node in trained_candidates(candidates or {}).items():
+    for name, node in kept.items():
         check_target(node, f"model.draft.candidates.{name}")
     if cfg.tree:
         check_target(cfg.tree, "tree")
