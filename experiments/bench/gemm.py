@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime.compiled import cpu_options, inductor_settings
+from specdec.runtime.compiled import allow_graphs, cpu_options, inductor_settings
 
 from ..records import machine
 from .runtime import memory_bound_ms
@@ -42,13 +42,21 @@ class Stack(torch.nn.Module):
 
 def median_ms(f, x: torch.Tensor, repeats: int) -> float:
     """Median ms of f(x) over `repeats` calls, after two untimed ones (a compile, warm caches)."""
-    f(x), f(x)
-    times = []
+    return interleaved_ms(f, [x], repeats)[0]
+
+
+def interleaved_ms(f, inputs: list[torch.Tensor], repeats: int) -> list[float]:
+    """Median ms of f on each input, timed in `repeats` interleaved rounds (so that the machine's drift hits every
+    input alike), after two untimed calls of each (a compile per shape, warm caches)."""
+    for x in inputs:
+        f(x), f(x)
+    times = [[] for _ in inputs]
     for _ in range(repeats):
-        start = time.perf_counter()
-        f(x)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        for x, spent in zip(inputs, times):
+            start = time.perf_counter()
+            f(x)
+            spent.append(time.perf_counter() - start)
+    return [1000 * statistics.median(spent) for spent in times]
 
 
 def square_gmac_per_s(size: int = 1024, repeats: int = 5) -> float:
@@ -58,7 +66,7 @@ def square_gmac_per_s(size: int = 1024, repeats: int = 5) -> float:
 
 
 def runner(stack: Stack, mode: str):
-    """The stack as `mode` runs it: eager, or compiled with the runtime's CPU settings (a fresh graph per call)."""
+    """The stack as `mode` runs it: eager, or compiled with the runtime's CPU settings (one graph per input shape)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "eager":
@@ -74,22 +82,21 @@ def runner(stack: Stack, mode: str):
     return run
 
 
-def probe(k: int, n: int, layers: int, rows: list[int], modes: list[str], repeats: int = 9) -> dict:
+def probe(k: int, n: int, layers: int, rows: list[int], modes: list[str], repeats: int = 15) -> dict:
     """ms, ms over the memory bound and GMAC/s of the stack at each row count, in each mode."""
     if min(rows, default=0) < 1 or min(k, n, layers, repeats) < 1:
         raise ValueError(f"rows, k, n, layers and repeats must be >= 1, got rows={rows}, k={k}, n={n}, "
                          f"layers={layers}, repeats={repeats}")
+    allow_graphs(len(rows))  # one graph per row count, none silently eager
     with torch.no_grad():
         stack = Stack(k, n, layers).eval()
         bound, bandwidth = memory_bound_ms(stack)
         out = {"shape": {"k": k, "n": n, "layers": layers}, "bound_ms": bound, "bandwidth_gb_s": bandwidth,
                "square_gmac_per_s": square_gmac_per_s(), "threads": torch.get_num_threads(), "modes": {}}
         for mode in modes:
-            figures = {}
-            for m in rows:
-                ms = median_ms(runner(stack, mode), torch.randn(m, k), repeats)
-                figures[m] = {"ms": ms, "vs_bound": ms / bound, "gmac_per_s": m * k * n * layers / ms / 1e6}
-            out["modes"][mode] = figures
+            times = interleaved_ms(runner(stack, mode), [torch.randn(m, k) for m in rows], repeats)
+            out["modes"][mode] = {m: {"ms": ms, "vs_bound": ms / bound, "gmac_per_s": m * k * n * layers / ms / 1e6}
+                                  for m, ms in zip(rows, times)}
     return out
 
 
@@ -113,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default="576x1536", help="K x N of every linear (default: SmolLM2-135M's up projection)")
     p.add_argument("--layers", type=int, default=40, help="linears in the stack (40 of the default shape: 142 MB)")
     p.add_argument("--modes", default="eager,autotune", help=f"comma-separated, of {', '.join(MODES)}")
-    p.add_argument("--repeats", type=int, default=9, help="timed calls per figure (median)")
+    p.add_argument("--repeats", type=int, default=15, help="interleaved timed rounds (median)")
     p.add_argument("--out", type=Path, help="write the figures and the machine record as JSON here")
     return p
 
