@@ -20,6 +20,7 @@ from specdec import (
 )
 from specdec.choose.cost import Choice, FixedDraftLength
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+from specdec.sampling import Sampling, draw, probabilities, sample
 
 PROMPT = GREEDY_PROMPT
 N_NEW = 30
@@ -144,3 +145,14 @@ def test_gemma3_with_real_weights_past_its_window_equals_target_greedy(gemma3):
     for name, out in runs.items():
         assert torch.equal(out.tokens, reference), name
         assert out.stats.accepted > 0, name
+
+
+def test_draw_is_what_sample_draws_from_the_processed_distribution():
+    """draw: greedy, the argmax that sample draws from the one-hot (whatever the uniform); sampled, sample itself."""
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    for seed in range(3):
+        drawn = sample(probabilities(logits, GREEDY), torch.Generator().manual_seed(seed))
+        assert torch.equal(draw(logits, GREEDY, torch.Generator().manual_seed(seed)), drawn)
+    hot = Sampling(temperature=1.0)
+    assert torch.equal(draw(logits, hot, torch.Generator().manual_seed(7)),
+                       sample(probabilities(logits, hot), torch.Generator().manual_seed(7)))

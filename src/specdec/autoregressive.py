@@ -9,7 +9,7 @@ from .checks import prompt_rows
 from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
 from .runtime.timing import stopwatch
-from .sampling import DEFAULT_SAMPLING, Sampling, probabilities, sample
+from .sampling import DEFAULT_SAMPLING, Sampling, draw
 from .state import Batch
 from .stopping import EosSet
 
@@ -46,7 +46,7 @@ def steps(lm: CachedLM, state: Batch, stats: Stats, sampling: Sampling, generato
     while state.active:
         last = torch.cat([s[:, -1:] for s in state.tokens])  # (R, 1)
         logits = lm.forward(last, last_only=True)[:, -1]  # (R, V)
-        tokens = sample(probabilities(logits, sampling), generator)  # (R,)
+        tokens = draw(logits, sampling, generator)  # (R,)
         passes += 1
         for b in state.order:
             state.stats[b].target_forwards += 1

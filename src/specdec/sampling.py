@@ -78,6 +78,15 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return filtered.softmax(dim=-1)
 
 
+def draw(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row from the processed distribution of logits (n, V): greedy, its argmax (what `sample`
+    draws from the one-hot, without building the one-hot and its float64 CDF over the vocabulary, and without a
+    uniform); else `sample` of `probabilities`."""  # (n, V) -> (n,)
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    return sample(probabilities(logits, sampling), generator)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token id per row by inverting the CDF: one uniform per row, float64 sums.
 
