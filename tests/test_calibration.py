@@ -1,6 +1,7 @@
 """Draft calibration: the choice follows the predicted speedup of injected timings; slow drafts are named."""
 
 import json
+import logging
 import math
 from dataclasses import replace
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from experiments.run.choices import calibration_markdown, threads_markdown
-from experiments.run.heads import trained_candidates
+from experiments.run.heads import say_left_out, trained_candidates
 from experiments.run.pair import choose_threads_for
 from experiments.run.settings import ConfigError, plan_of, validate
 from specdec import speculative_generate
@@ -131,12 +132,18 @@ def test_bad_candidates_fail_in_the_config_before_loading(make_cfg):
         calibrate(tiny_model("llama"), {}, PROMPT)
 
 
-def test_default_pair_is_calibrated(make_cfg, monkeypatch, tmp_path):
+def test_default_pair_is_calibrated(make_cfg, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # no head trained here
     cfg = make_cfg()
     assert cfg.model.name == "smollm2"
     assert list(cfg.model.draft.candidates) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram", "head"]
     assert list(trained_candidates(cfg.model.draft.candidates)) == ["nf4", "int8", "dynamic_int8", "bfloat16", "ngram"]
+    with caplog.at_level(logging.INFO, logger="experiments.run.heads"):
+        validate(cfg)  # validation leaves the untrained head out quietly: the pair names it once, when it loads
+        assert not caplog.records
+        say_left_out(cfg.model.draft.candidates, trained_candidates(cfg.model.draft.candidates))
+    assert [r.getMessage() for r in caplog.records] == [
+        "candidate head left out: no draft head is trained for this target (make train-draft)"]
     smaller = make_cfg("~model.draft.candidates.nf4", "~model.draft.candidates.int8")
     validate(smaller)
     assert list(smaller.model.draft.candidates) == ["dynamic_int8", "bfloat16", "ngram", "head"]

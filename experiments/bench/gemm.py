@@ -40,11 +40,6 @@ class Stack(torch.nn.Module):
         return [linear(x) for linear in self.linears]
 
 
-def median_ms(f, x: torch.Tensor, repeats: int) -> float:
-    """Median ms of f(x) over `repeats` calls, after two untimed ones (a compile, warm caches)."""
-    return interleaved_ms(f, [x], repeats)[0]
-
-
 def interleaved_ms(f, inputs: list[torch.Tensor], repeats: int) -> list[float]:
     """Median ms of f on each input, timed in `repeats` interleaved rounds (so that the machine's drift hits every
     input alike), after two untimed calls of each (a compile per shape, warm caches)."""
@@ -62,7 +57,7 @@ def interleaved_ms(f, inputs: list[torch.Tensor], repeats: int) -> list[float]:
 def square_gmac_per_s(size: int = 1024, repeats: int = 5) -> float:
     """GMAC/s of a square fp32 matrix product (ATen's kernel): the arithmetic rate a large GEMM reaches here."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    return size**3 / median_ms(lambda x: x @ b, a, repeats) / 1e6
+    return size**3 / interleaved_ms(lambda x: x @ b, [a], repeats)[0] / 1e6
 
 
 def runner(stack: Stack, mode: str):

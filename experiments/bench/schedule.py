@@ -4,6 +4,7 @@ inside each model's forward. A Run is one contender on one input."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -31,7 +32,7 @@ def output_of(g: Generation, ours: bool) -> Output:
     summary = g.stats.summary()
     summary.update(
         chosen_k_histogram=g.stats.chosen_k_histogram,
-        draft_rounds={d: g.stats.chosen_draft.count(d) for d in set(g.stats.chosen_draft) if d},
+        draft_rounds=dict(Counter(d for d in g.stats.chosen_draft if d)),
         tree_rounds=len(g.stats.tree_nodes),
         tree_nodes_sum=sum(g.stats.tree_nodes),
         tree_depth_sum=sum(g.stats.tree_depths),

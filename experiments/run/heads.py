@@ -30,14 +30,12 @@ def with_target(node: DictConfig, target) -> dict:
     return {"target": target(), "checkpoint": head_path(node.checkpoint)}
 
 
-def trained_candidates(candidates: DictConfig, quiet: bool = False) -> dict[str, DictConfig]:
-    """The candidates to calibrate: a head only when one is trained for the target (quiet: without the log line
-    that names a head left out)."""
-    kept = {}
-    for name, node in candidates.items():
-        if is_head(node) and node.checkpoint is None:
-            if not quiet:
-                log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
-            continue
-        kept[name] = node
-    return kept
+def trained_candidates(candidates: DictConfig) -> dict[str, DictConfig]:
+    """The candidates to calibrate: a head only when one is trained for the target."""
+    return {name: node for name, node in candidates.items() if not (is_head(node) and node.checkpoint is None)}
+
+
+def say_left_out(candidates: DictConfig, kept: dict[str, DictConfig]) -> None:
+    """One log line per candidate head left out (the pair says it once, when it loads; validation says nothing)."""
+    for name in [name for name in candidates if name not in kept]:
+        log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)

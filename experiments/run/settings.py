@@ -185,7 +185,7 @@ def check_drafters(cfg: DictConfig) -> None:
     candidates = candidates_of(cfg)
     if candidates is None:
         check_target(cfg.model.draft, "model.draft")
-    kept = trained_candidates(candidates or {}, quiet=True)  # the pair says which it leaves out, when it loads
+    kept = trained_candidates(candidates or {})
     if candidates is not None and not kept:
         raise ConfigError("model.draft.candidates is empty: keep at least one drafter to calibrate (a head counts once "
                           "trained)")

@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..runtime.cached import CachedLM, logits_width
-from ..sampling import Sampling, probabilities, sample
+from ..sampling import Sampling, draw, probabilities, sample
 from .base import RowDrafter
 from .proposal import Draft
 from .trees import one_hot
@@ -190,7 +190,7 @@ class StringDrafter(RowDrafter):
             return Draft.empty(vocab_size, sequence.device)
 
         def pick(logits: torch.Tensor) -> tuple[int, int]:
-            d = int(sample(probabilities(logits, sampling)[None], generator))
+            d = int(draw(logits[None], sampling, generator))
             return d, d
 
         drafted = self.view.steps(sequence, k, pick)
