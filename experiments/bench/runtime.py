@@ -3,7 +3,8 @@
 python -m experiments.bench bench=runtime
 
 For each runtime profile (eager; compiled with inductor's default GEMMs; compiled with max_autotune's C++ GEMM
-template; the last two again on a bfloat16 copy of the weights) on the pair's target, in one process, so that every
+template; compiled with the linears on specdec's packed kernel; eager and autotuned on a bfloat16 copy of the
+weights) on the pair's target, in one process, so that every
 ratio compares timings of one machine and load:
 - the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
   in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
@@ -38,6 +39,7 @@ from specdec.runtime.timing import forward_ms
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
+from ..run.runtime import packed_rows
 from .goals import runtime_goal_entries
 
 
@@ -69,7 +71,7 @@ def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.T
     for state in ("cold", "warm"):
         torch._dynamo.reset()
         runtime = compile_model(model, widths=tuple(profile.widths), capacity=profile.capacity,
-                                autotune=profile.autotune)
+                                autotune=profile.autotune, packed_rows=packed_rows(profile))
         lm = CachedLM(model)
         lm.forward(prefix)
         for w in runtime.widths:

@@ -22,6 +22,19 @@ def check_runtime(runtime: DictConfig) -> None:
         check_settings(tuple(widths), runtime.capacity)
     except ValueError as error:
         raise ConfigError(f"runtime.{error}") from error
+    packed_rows(runtime)
+
+
+def packed_rows(runtime: DictConfig) -> tuple[int, int] | None:
+    """runtime.packed_rows: null, or [first, last] with 1 <= first <= last."""
+    rows = runtime.get("packed_rows")
+    if rows is None:
+        return None
+    if isinstance(rows, (str, int)) or len(rows) != 2:
+        raise ConfigError(f"runtime.packed_rows must be null or [first, last] pass rows, got {rows!r}")
+    check_int(rows[0], "runtime.packed_rows", 1)
+    check_int(rows[1], "runtime.packed_rows", rows[0])
+    return rows[0], rows[1]
 
 
 def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
@@ -30,7 +43,8 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     runtime = cfg.runtime
     if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
         return
-    compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune)
+    compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune,
+                  packed_rows=packed_rows(runtime))
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
 

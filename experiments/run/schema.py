@@ -114,6 +114,7 @@ class RuntimeConfig:
     widths: Any = field(default_factory=lambda: [1, 2, 4, 8])  # compiled pass widths (tokens per row)
     capacity: Any = integer(16, default=512)  # cache slots per row, preallocated
     autotune: bool = False  # inductor max_autotune: its C++ GEMM template against ATen's kernels
+    packed_rows: Any = None  # [first, last]: passes of these many rows run the linears on the packed kernel
     drafts: bool = True  # draft models run on it too
     heads: bool = True  # trained draft heads' forwards run on it too (specdec.draft.head_runtime)
 

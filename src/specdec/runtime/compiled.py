@@ -224,13 +224,29 @@ def graphs_built() -> int:
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                  autotune: bool = False) -> CompiledForward:
+                  autotune: bool = False, packed_rows: tuple[int, int] | None = None) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
-    passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use."""
+    passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
+    packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
+    the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not."""
     check_compilable(model)
+    if packed_rows is not None:
+        use_packed_kernel(model, packed_rows)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune)
     return RUNTIMES[model]
+
+
+def use_packed_kernel(model: PreTrainedModel, rows: tuple[int, int]) -> None:
+    """Swap the model's float32 CPU linears for packed ones (specdec.runtime.packed), or say why not."""
+    from .packed import pack_linears, unavailable_reason
+
+    reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
+    if reason:
+        log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
+        return
+    log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__,
+             pack_linears(model, rows), *rows)
 
 
 def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:
@@ -239,8 +255,11 @@ def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:
 
 
 def eager_model(model: PreTrainedModel) -> None:
-    """Back to the eager runtime."""
+    """Back to the eager runtime (and its own linears, if they were packed)."""
+    from .packed import unpack_linears
+
     RUNTIMES.pop(model, None)
+    unpack_linears(model)
 
 
 def check_compilable(model: PreTrainedModel) -> None:

@@ -1,0 +1,90 @@
+"""Packed linears: the verification pass's matrix products on a small-row kernel of our own (kernels/packed_mm.cpp).
+
+Inductor's C++ GEMM reads a layer's weights once for a pass of 1-4 rows, but from 5 rows on its kernel runs at a
+third of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps (docs/performance.md). The packed
+kernel streams each weight panel once and keeps up to 8 rows of outputs in registers, so its cost stays near one
+read of the weights up to 8 rows. `pack_linears` swaps a model's float32 linears for PackedLinear, which calls it for
+passes of `rows` (first, last) rows and keeps F.linear outside them (a prompt). The kernel needs AVX-512 and a C++
+compiler; it is built once per machine into the specdec cache folder (about 30 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).parent / "kernels" / "packed_mm.cpp"
+
+
+def unavailable_reason() -> str | None:
+    """Why the packed kernel cannot run here (None: it can): it needs a CPU with AVX-512."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        return f"the packed kernel needs AVX-512 (this CPU: {capability})"
+    return None
+
+
+@functools.cache
+def load_kernel() -> None:
+    """Build (once per machine, then load) the kernel library, which registers torch.ops.specdec.pack/packed_mm."""
+    from torch.utils.cpp_extension import load
+
+    from .offline import cache_dir
+
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    build = cache_dir() / "kernels"
+    build.mkdir(parents=True, exist_ok=True)
+    load(name="specdec_packed_mm", sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
+         extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])  # OpenMP: at::parallel_for
+
+    @torch.library.register_fake("specdec::packed_mm")
+    def _(input, packed, n):  # shapes for the compiler
+        return input.new_empty(input.shape[0], n)
+
+
+class PackedLinear(torch.nn.Module):
+    """A linear whose passes of `rows` (first, last) rows run on the packed kernel; others use F.linear."""
+
+    def __init__(self, linear: torch.nn.Linear, rows: tuple[int, int]):
+        super().__init__()
+        load_kernel()
+        self.weight, self.bias, self.rows = linear.weight, linear.bias, rows  # the same parameters (ties kept)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.specdec.pack(linear.weight.detach()), persistent=False)
+        object.__setattr__(self, "original", linear)  # not a submodule: given back by unpack_linears
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() // self.in_features  # rows of this pass (static under torch.compile)
+        if not self.rows[0] <= n <= self.rows[1]:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.specdec.packed_mm(x.reshape(n, self.in_features), self.packed, self.out_features)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
+    """Swap every float32 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
+    if rows[0] < 1 or rows[1] < rows[0]:
+        raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32
+             and child.weight.device.type == "cpu"]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child, rows))
+    return len(swaps)
+
+
+def unpack_linears(model: torch.nn.Module) -> int:
+    """Give every PackedLinear of `model` back its nn.Linear (in place); returns how many."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, PackedLinear)]
+    for parent, name, child in swaps:
+        setattr(parent, name, child.original)
+    return len(swaps)

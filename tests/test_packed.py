@@ -1,0 +1,98 @@
+"""The packed small-row kernel (specdec.runtime.packed): x @ W^T to float rounding, each row's result independent of
+the pass's width, and a model on it gives the eager model's greedy output on the compiled runtime.
+
+The kernel needs AVX-512; on other CPUs these tests are skipped and the runtime keeps inductor's linears (tested
+below through the config's one logged line)."""
+
+import logging
+
+import pytest
+import torch
+from fakes import GREEDY_PROMPT, hf_greedy
+
+from specdec import GREEDY, ModelDrafter, speculative_generate
+from specdec.runtime.compiled import compile_model, compiled_forward
+from specdec.runtime.packed import PackedLinear, load_kernel, pack_linears, unavailable_reason
+from specdec.runtime.tiny import perturbed_copy, tiny_model
+
+needs_avx512 = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    load_kernel()  # built once per machine into the specdec cache (about 45 s), loaded afterwards
+    return torch.ops.specdec
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows,n,k", [(1, 48, 16), (3, 100, 37), (8, 96, 64), (9, 7, 5), (17, 130, 48)])
+def test_packed_product_equals_the_matrix_product(kernel, rows, n, k):
+    """Any rows (tiles of 8 and a rest), outputs that fill no whole panel of 48 (masked stores), odd widths."""
+    torch.manual_seed(rows)
+    x, weight = torch.randn(rows, k), torch.randn(n, k)
+    y = kernel.packed_mm(x, kernel.pack(weight), n)
+    assert y.shape == (rows, n) and y.is_contiguous()
+    torch.testing.assert_close(y, x @ weight.T, atol=1e-4, rtol=1e-4)
+
+
+@needs_avx512
+def test_a_rows_result_does_not_depend_on_the_pass_width(kernel):
+    """Each output sums over k in the same order whatever the rows: a token's logits in a pass of 9 are bit for bit
+    those of a one-token step (inductor's GEMMs differ by shape)."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(9, 200), torch.randn(150, 200)
+    packed = kernel.pack(weight)
+    wide = kernel.packed_mm(x, packed, 150)
+    for row in range(9):
+        assert torch.equal(wide[row], kernel.packed_mm(x[row:row + 1], packed, 150)[0])
+
+
+@needs_avx512
+def test_wrong_inputs_fail_with_a_message(kernel):
+    packed = kernel.pack(torch.randn(10, 8))
+    with pytest.raises(RuntimeError, match="width"):
+        kernel.packed_mm(torch.randn(2, 9), packed, 10)
+    with pytest.raises(RuntimeError, match="N does not match"):
+        kernel.packed_mm(torch.randn(2, 8), packed, 60)
+    with pytest.raises(ValueError, match="first, last"):
+        pack_linears(tiny_model("llama", seed=0), (0, 4))
+
+
+@needs_avx512
+def test_packed_linears_keep_the_model_and_its_tied_weights():
+    """Only the rows in range take the kernel; the output layer keeps the tie to the embedding."""
+    model = tiny_model("llama", seed=0, scale=20.0)
+    reference = model(GREEDY_PROMPT).logits
+    swapped = pack_linears(model, (1, 4))
+    assert swapped == sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+    out = model(GREEDY_PROMPT).logits  # a prompt wider than 4 rows: F.linear
+    assert torch.equal(out, reference)
+    step = model(GREEDY_PROMPT[:, :3]).logits  # 3 rows: the kernel
+    torch.testing.assert_close(step, reference[:, :3], atol=1e-4, rtol=1e-4)
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+
+
+@needs_avx512
+@pytest.mark.xdist_group("inductor")
+def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
+    target = tiny_model("llama", seed=0, scale=20.0)
+    expected = hf_greedy(target, GREEDY_PROMPT, 24)
+    compile_model(target, widths=(1, 2, 4), capacity=64, packed_rows=(1, 8))
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=3,
+                               sampling=GREEDY, max_new_tokens=24)
+    assert torch.equal(out.tokens, expected) and 0 < out.stats.acceptance_rate < 1
+    runtime = compiled_forward(target)
+    assert runtime.record.eager_reason is None and (1, 4) in runtime.record.seconds
+    assert any(isinstance(m, PackedLinear) for m in target.modules())
+
+
+def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog):
+    import specdec.runtime.packed as packed
+
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    target = tiny_model("llama", seed=0)
+    with caplog.at_level(logging.WARNING):
+        compile_model(target, widths=(1, 2), capacity=32, packed_rows=(1, 8))
+    assert "needs AVX-512 (this CPU: AVX2)" in caplog.text
+    assert not any(isinstance(m, PackedLinear) for m in target.modules())
