@@ -88,7 +88,7 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
 
 
 def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog):
-    import specdec.runtime.packed as packed
+    from specdec.runtime import packed
 
     monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     target = tiny_model("llama", seed=0)
