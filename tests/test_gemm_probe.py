@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from experiments.bench.gemm import main, probe, table
+from experiments.bench.gemm import Stack, main, probe, runner, table
+from specdec.runtime.packed import unavailable_reason
 
 
 def test_the_probe_reports_ms_bound_and_arithmetic_rate_per_row_count():
@@ -25,6 +27,19 @@ def test_the_command_writes_its_figures_with_the_machine(tmp_path, capsys):
     written = json.loads(out.read_text())
     assert set(written["modes"]["eager"]) == {"1", "2"} and written["machine"]["cpu"]
     assert "2 linears of 16 -> 32" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+def test_the_packed_mode_times_specdecs_kernel():
+    from specdec.runtime.packed import PackedLinear
+
+    stack = Stack(16, 50, 2)
+    packed = runner(stack, "packed")
+    assert all(isinstance(m, PackedLinear) for m in packed.linears) and type(stack.linears[0]) is torch.nn.Linear
+    x = torch.randn(3, 16)
+    for got, want in zip(packed(x), stack(x)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert set(probe(k=16, n=50, layers=2, rows=[1, 3], modes=["packed"], repeats=2)["modes"]["packed"]) == {1, 3}
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -4,16 +4,18 @@ A pass of M tokens multiplies (M, K) activations by every (K, N) weight. Read on
 (their bytes at the bandwidth of a `sum` over a tensor of their size); the multiply-accumulates (M K N per layer)
 set an arithmetic one. The probe times a stack of independent linears of one shape, enough of them that the weights
 do not stay in cache, at several row counts M, eager and compiled as the runtime compiles (inductor with frozen
-weights; `autotune`: its C++ GEMM template benchmarked against ATen's kernels), and reports ms, ms over the memory
+weights; `autotune`: its C++ GEMM template benchmarked against ATen's kernels; `packed`: specdec's packed kernel,
+specdec.runtime.packed), and reports ms, ms over the memory
 bound and GMAC/s. Where ms grows in proportion to M at a constant GMAC/s, the kernel's arithmetic, not the memory,
 sets the cost of a wider pass:
 
-    python -m experiments.bench.gemm --threads 2 --rows 1,2,4,5,8 --out gemm.json
+    python -m experiments.bench.gemm --threads 2 --rows 1,2,4,5,8 --modes eager,autotune,packed --out gemm.json
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -22,11 +24,12 @@ from pathlib import Path
 import torch
 
 from specdec.runtime.compiled import allow_graphs, cpu_options, inductor_settings
+from specdec.runtime.packed import pack_linears
 
 from ..records import machine
 from .runtime import memory_bound_ms
 
-MODES = ("eager", "compiled", "autotune")
+MODES = ("eager", "compiled", "autotune", "packed")
 
 
 class Stack(torch.nn.Module):
@@ -66,6 +69,10 @@ def runner(stack: Stack, mode: str):
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "eager":
         return stack
+    if mode == "packed":
+        packed = copy.deepcopy(stack)
+        pack_linears(packed, (1, 1 << 30))
+        return packed
     torch._dynamo.reset()
     options = cpu_options(autotune=mode == "autotune")
     compiled = torch.compile(stack, dynamic=False, options=options)
