@@ -96,3 +96,15 @@ def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog)
         compile_model(target, widths=(1, 2), capacity=32, packed_rows=(1, 8))
     assert "needs AVX-512 (this CPU: AVX2)" in caplog.text
     assert not any(isinstance(m, PackedLinear) for m in target.modules())
+
+
+def test_the_build_finds_ninja_without_an_activated_venv(monkeypatch):
+    """cpp_extension needs `ninja` on PATH; the ninja wheel (a dependency) provides it when the system has none."""
+    import os
+    import shutil
+
+    from specdec.runtime.packed import ninja_on_path
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    ninja_on_path()
+    assert shutil.which("ninja") is not None and os.environ["PATH"].endswith("/nonexistent")

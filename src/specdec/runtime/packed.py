@@ -5,13 +5,16 @@ third of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps 
 kernel streams each weight panel once and keeps up to 8 rows of outputs in registers, so its cost stays near one
 read of the weights up to 8 rows. `pack_linears` swaps a model's float32 linears for PackedLinear, which calls it for
 passes of `rows` (first, last) rows and keeps F.linear outside them (a prompt). The kernel needs AVX-512 and a C++
-compiler; it is built once per machine into the specdec cache folder (about 30 s).
+compiler; it is built once per machine into the specdec cache folder (about 45 s). A packed model holds its linear
+weights twice (the packed panels next to the parameters, which prompts and tied embeddings still read).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -29,6 +32,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def ninja_on_path() -> None:
+    """torch's cpp_extension runs `ninja` from PATH: where none is there, the ninja wheel's (a dependency of
+    specdec; a venv's bin folder is not on PATH unless the venv is activated)."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 @functools.cache
 def load_kernel() -> None:
     """Build (once per machine, then load) the kernel library, which registers torch.ops.specdec.pack/packed_mm."""
@@ -39,6 +51,7 @@ def load_kernel() -> None:
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
+    ninja_on_path()
     build = cache_dir() / "kernels"
     build.mkdir(parents=True, exist_ok=True)
     load(name="specdec_packed_mm", sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
