@@ -240,10 +240,11 @@ def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
     result = bench(
         tmp_path, "bench=runtime", *TINY, "bench.runtime_study.max_width=3", "bench.runtime_study.repeats=2",
         "~bench.runtime_study.profiles.autotune", "~bench.runtime_study.profiles.autotune_bf16",
-        "bench.runtime_study.profiles.compiled.widths=[1,2]", "bench.runtime_study.report=compiled",
+        "~bench.runtime_study.profiles.autotune_packed", "bench.runtime_study.profiles.compiled.widths=[1,2]",
+        "bench.runtime_study.profiles.packed.widths=[1,2]", "bench.runtime_study.report=compiled",
         bench_name="runtime",
     )  # fmt: skip
-    assert set(result["profiles"]) == {"eager", "compiled", "eager_bf16"}
+    assert set(result["profiles"]) == {"eager", "compiled", "packed", "eager_bf16"}  # packed: where AVX-512 is
     bf16, eager = result["profiles"]["eager_bf16"], result["profiles"]["eager"]
     assert bf16["dtype"] == "bfloat16" and eager["dtype"] == "float32"
     compiled = result["profiles"]["compiled"]
@@ -251,6 +252,7 @@ def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
     assert compiled["compile"]["cold"]["misses"] == 2 and compiled["compile"]["warm"]["hits"] == 2
     assert all(p["outputs_equal_eager_target_only"] for p in result["profiles"].values())
     assert compiled["logits_max_abs_diff_vs_eager"] < 1e-4
+    assert result["profiles"]["packed"]["logits_max_abs_diff_vs_eager"] < 1e-4
     assert set(result["goals"]) == {"pass_cost_max_width_2_to_5", "pass_cost_width_9", "target_step_vs_memory_bound",
                                     "ar_vs_hf_plain"}
     assert result["goals"]["pass_cost_width_9"]["met"] is None  # widths above 3 were not measured
