@@ -5,6 +5,8 @@ The kernel needs AVX-512; on other CPUs these tests are skipped and the runtime 
 below through the config's one logged line)."""
 
 import logging
+import os
+import shutil
 
 import pytest
 import torch
@@ -12,7 +14,14 @@ from fakes import GREEDY_PROMPT, hf_greedy
 
 from specdec import GREEDY, ModelDrafter, speculative_generate
 from specdec.runtime.compiled import compile_model, compiled_forward
-from specdec.runtime.packed import PackedLinear, load_kernel, pack_linears, unavailable_reason
+from specdec.runtime.packed import (
+    PackedLinear,
+    load_kernel,
+    ninja_on_path,
+    pack_linears,
+    unavailable_reason,
+    unpack_linears,
+)
 from specdec.runtime.tiny import perturbed_copy, tiny_model
 
 needs_avx512 = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -71,6 +80,8 @@ def test_packed_linears_keep_the_model_and_its_tied_weights():
     torch.testing.assert_close(step, reference[:, :3], atol=1e-4, rtol=1e-4)
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert unpack_linears(model) == swapped and not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert torch.equal(model(GREEDY_PROMPT).logits, reference)
 
 
 @needs_avx512
@@ -100,10 +111,6 @@ def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog)
 
 def test_the_build_finds_ninja_without_an_activated_venv(monkeypatch):
     """cpp_extension needs `ninja` on PATH; the ninja wheel (a dependency) provides it when the system has none."""
-    import os
-    import shutil
-
-    from specdec.runtime.packed import ninja_on_path
 
     monkeypatch.setenv("PATH", "/nonexistent")
     ninja_on_path()

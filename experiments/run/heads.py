@@ -39,3 +39,10 @@ def say_left_out(candidates: DictConfig, kept: dict[str, DictConfig]) -> None:
     """One log line per candidate head left out (the pair says it once, when it loads; validation says nothing)."""
     for name in [name for name in candidates if name not in kept]:
         log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
+
+
+def loaded_candidates(candidates: DictConfig) -> dict[str, DictConfig]:
+    """trained_candidates, saying which heads it leaves out: where the pair loads them."""
+    kept = trained_candidates(candidates)
+    say_left_out(candidates, kept)
+    return kept

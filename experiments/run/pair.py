@@ -30,7 +30,7 @@ from specdec.draft.switch import DraftSwitch
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
-from .heads import say_left_out, trained_candidates, with_target
+from .heads import loaded_candidates, with_target
 from .runtime import drafter_on_runtime, on_runtime
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
@@ -176,9 +176,7 @@ def calibrated(
     """Build every candidate, calibrate, and keep the best KEEP_CANDIDATES of them behind a DraftSwitch (the
     chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
     specdec.choose.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
-    listed = candidates_of(cfg)
-    candidates = trained_candidates(listed)
-    say_left_out(listed, candidates)
+    candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     for drafter in drafters.values():
         drafter_on_runtime(cfg, drafter)

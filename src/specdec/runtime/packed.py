@@ -82,13 +82,18 @@ class PackedLinear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def children_where(model: torch.nn.Module, keep) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """(parent, attribute name, child) of every submodule for which keep(child) holds."""
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if keep(child)]
+
+
 def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
     """Swap every float32 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32
-             and child.weight.device.type == "cpu"]
+    swaps = children_where(model, lambda child: type(child) is torch.nn.Linear
+                           and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, rows))
     return len(swaps)
@@ -96,8 +101,7 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
 
 def unpack_linears(model: torch.nn.Module) -> int:
     """Give every PackedLinear of `model` back its nn.Linear (in place); returns how many."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, PackedLinear)]
+    swaps = children_where(model, lambda child: isinstance(child, PackedLinear))
     for parent, name, child in swaps:
         setattr(parent, name, child.original)
     return len(swaps)
