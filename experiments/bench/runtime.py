@@ -71,7 +71,8 @@ def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.T
     for state in ("cold", "warm"):
         torch._dynamo.reset()
         runtime = compile_model(model, widths=tuple(profile.widths), capacity=profile.capacity,
-                                autotune=profile.autotune, packed_rows=packed_rows(profile))
+                                autotune=profile.autotune, packed_rows=packed_rows(profile),
+                                cpp_wrapper=profile.get("cpp_wrapper", False))
         lm = CachedLM(model)
         lm.forward(prefix)
         for w in runtime.widths:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 from omegaconf import DictConfig
 from transformers import GenerationConfig, PreTrainedModel
 
 from specdec.metrics import Generation, Stats
+from specdec.runtime.attention import as_shipped
 from specdec.runtime.timing import stopwatch
 from specdec.sampling import Sampling
 from specdec.stopping import EosSet, truncate_at_eos
@@ -87,7 +88,8 @@ def hf_generate(
     schedule = assistant_config(assistant, assistant_generation_config(hf)) if assistant is not None else nullcontext()
     stats = Stats()
     torch.manual_seed(seed)
-    with stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode(), schedule:
+    with shipped(pair.target, assistant), stopwatch(stats.seconds, "total", pair.target.device), \
+            torch.inference_mode(), schedule:
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
                                    generation_config=config, **universal(pair, assistant))
     tokens = out[0, ids.shape[-1] :]
@@ -114,10 +116,21 @@ def hf_generate_batch(
         ids[b, width - p.shape[-1] :], mask[b, width - p.shape[-1] :] = p[0], 1
     stats = Stats()
     torch.manual_seed(seed)
-    with stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode():
+    with shipped(pair.target), stopwatch(stats.seconds, "total", pair.target.device), torch.inference_mode():
         out = pair.target.generate(ids, attention_mask=mask, generation_config=config)
     tokens = [truncate_at_eos(row, EosSet(eos)) for row in out[:, width:]]
     rows = [Stats(emitted=t.numel(), seconds={"total": stats.seconds["total"]}) for t in tokens]
     stats.emitted = sum(t.numel() for t in tokens)
     stats.extras.update(passes=out.shape[-1] - width, rows=len(prompts))
     return Generation(tokens, stats, rows, [stats.seconds["total"]] * len(prompts))
+
+
+@contextmanager
+def shipped(*models: PreTrainedModel | None) -> Iterator[None]:
+    """Hugging Face's generate on the models' own attention and linears, not the compiled runtime's (the outside
+    reference); None: no model."""
+    with ExitStack() as stack:
+        for model in models:
+            if model is not None:
+                stack.enter_context(as_shipped(model))
+        yield

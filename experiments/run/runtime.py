@@ -44,7 +44,7 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
         return
     compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune,
-                  packed_rows=packed_rows(runtime))
+                  packed_rows=packed_rows(runtime), cpp_wrapper=runtime.get("cpp_wrapper", False))
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
 

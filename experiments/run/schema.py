@@ -115,6 +115,7 @@ class RuntimeConfig:
     capacity: Any = integer(16, default=512)  # cache slots per row, preallocated
     autotune: bool = False  # inductor max_autotune: its C++ GEMM template against ATen's kernels
     packed_rows: Any = None  # [first, last]: passes of these many rows run the linears on the packed kernel
+    cpp_wrapper: bool = False  # a CPU graph's calls in compiled C++, not Python
     drafts: bool = True  # draft models run on it too
     heads: bool = True  # trained draft heads' forwards run on it too (specdec.draft.head_runtime)
 

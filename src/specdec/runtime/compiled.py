@@ -28,6 +28,9 @@ from weakref import WeakKeyDictionary
 import torch
 from transformers import PreTrainedModel
 
+from .attention import shipped_attention, use_grouped_attention
+from .masks import MASKED_BACKENDS
+
 log = logging.getLogger(__name__)
 PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured at least this much cheaper
 
@@ -35,16 +38,20 @@ WIDTHS = (1, 2, 4, 8)  # default buckets: new tokens per row of a compiled pass
 CAPACITY = 512  # default slots per row of the preallocated cache (doubled when a sequence outgrows it)
 
 
-def cpu_options(autotune: bool) -> dict[str, object]:
+def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
     """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
+
+    cpp_wrapper: the graph's calls (its kernels, in order) in compiled C++ instead of a Python function: about
+    2.5 ms less a SmolLM2-135M pass, for a slower compile (docs/performance.md).
 
     autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
     compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
     one never reaches inductor's disk cache (CompileRecord counts such graphs as bypassed).
     """
+    wrapper = {"cpp_wrapper": True} if cpp_wrapper else {}
     if autotune:
-        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-    return {"freezing": True, "cpp.weight_prepack": False}
+        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} | wrapper
+    return {"freezing": True, "cpp.weight_prepack": False} | wrapper
 
 
 def cuda_options(autotune: bool) -> dict[str, object]:
@@ -85,18 +92,19 @@ class CompiledForward:
     """model(input_ids, position_ids, 4D mask, cache) under torch.compile, one graph per (rows, width bucket).
 
     widths: the buckets; capacity: cache slots per row; autotune: inductor's max_autotune (the C++ GEMM template
-    on a CPU, Triton's on a GPU). pass_ms (width -> measured ms, filled by the caller) makes `bucket` pick the
-    cheapest bucket that holds a pass instead of the smallest.
+    on a CPU, Triton's on a GPU); cpp_wrapper: on a CPU, the graph's calls in C++ (cpu_options). pass_ms (width ->
+    measured ms, filled by the caller) makes `bucket` pick the cheapest bucket that holds a pass instead of the
+    smallest.
     """
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False):
+                 autotune: bool = False, cpp_wrapper: bool = False):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()
         cuda = model.device.type == "cuda"
-        options = cuda_options(autotune) if cuda else cpu_options(autotune)
+        options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper)
         allow_graphs(256)
         self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
@@ -127,11 +135,15 @@ class CompiledForward:
         return cheapest if self.pass_ms.get(cheapest, float("inf")) < (1 - PAD_GAIN) * own else fits[0]
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width)."""
+        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Once that graph
+        exists, dynamo checks only the guards that tell its graphs apart (which model, which shape), not each of the
+        hundreds on the model's modules (about 1.5 ms a pass on SmolLM2-135M): nothing else of a model changes
+        between passes here (its weights are frozen into the graphs)."""
         shape = tuple(inputs[0].shape)
         with inductor_settings(self.options):
             if shape in self.record.seconds:
-                return self.compiled(*inputs)
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self.compiled(*inputs)
             return self.first_call(shape, *inputs)
 
     def first_call(self, shape, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,16 +236,19 @@ def graphs_built() -> int:
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                  autotune: bool = False, packed_rows: tuple[int, int] | None = None) -> CompiledForward:
+                  autotune: bool = False, packed_rows: tuple[int, int] | None = None,
+                  cpp_wrapper: bool = False) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
     the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not."""
     check_compilable(model)
+    if use_grouped_attention(model):
+        log.info("%s: grouped-query attention reads each key/value head in place", type(model).__name__)
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune)
+    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper)
     return RUNTIMES[model]
 
 
@@ -260,12 +275,13 @@ def eager_model(model: PreTrainedModel) -> None:
 
     RUNTIMES.pop(model, None)
     unpack_linears(model)
+    shipped_attention(model)
 
 
 def check_compilable(model: PreTrainedModel) -> None:
     """The compiled runtime passes a 4D mask on every forward: it needs an attention that takes one."""
     backend = model.config._attn_implementation
-    if backend not in ("sdpa", "eager"):
+    if backend not in MASKED_BACKENDS:
         raise ValueError(f"the compiled runtime passes 4D attention masks, which attn_implementation={backend!r} "
                          "does not take: load the model with attn_implementation='sdpa', or use runtime=eager")
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-MASKED_BACKENDS = ("eager", "sdpa")  # attention implementations that take a user-supplied 4D mask
+from .attention import GROUPED
+
+SDPA_BACKENDS = ("sdpa", GROUPED)  # take boolean 4D masks (GROUPED: the compiled runtime's, specdec.runtime.attention)
+MASKED_BACKENDS = ("eager", *SDPA_BACKENDS)  # attention implementations that take a user-supplied 4D mask
 
 
 def check_tree_backend(model: PreTrainedModel) -> None:
@@ -30,7 +33,7 @@ def check_masked_backend(model: PreTrainedModel, what: str, otherwise: str) -> N
 
 def model_mask(seen: torch.Tensor, model: PreTrainedModel) -> torch.Tensor:
     """(B, q, kv) bool -> (B, 1, q, kv): bool for SDPA, additive float (0 / dtype min) for eager attention."""
-    if model.config._attn_implementation == "sdpa":
+    if model.config._attn_implementation in SDPA_BACKENDS:
         return seen[:, None]
     mask = torch.zeros(seen.shape, dtype=model.dtype, device=seen.device)
     return mask.masked_fill_(~seen, torch.finfo(model.dtype).min)[:, None]

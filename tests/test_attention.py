@@ -1,0 +1,68 @@
+"""The compiled runtime's attention (specdec.runtime.attention) and its guards: the same logits, faster."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.runtime.attention import GROUPED, as_shipped, use_grouped_attention
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.compiled import compile_model, eager_model
+from specdec.runtime.tiny import ARCHITECTURES, tiny_model
+
+
+def ragged_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of a two-row pass of 4 tokens after 8 (4D masks: the path grouped attention takes)."""
+    lm = CachedLM(model)
+    lm.forward(tokens[:, :8])
+    return lm.forward(tokens[:, 8:])
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_grouped_attention_gives_the_same_logits(arch):
+    model = tiny_model(arch)
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        shipped = ragged_logits(model, tokens)
+        switched = use_grouped_attention(model)
+        grouped = ragged_logits(model, tokens)
+    heads = model.config.num_attention_heads
+    grouped_heads = getattr(model.config, "num_key_value_heads", heads) < heads
+    assert switched == (grouped_heads and model.config._attn_implementation == GROUPED)
+    assert torch.equal(grouped, shipped)
+
+
+def test_as_shipped_gives_back_the_models_own_attention_and_linears():
+    model = tiny_model("llama")
+    compile_model(model, widths=(1,), packed_rows=None)
+    assert model.config._attn_implementation == GROUPED
+    with as_shipped(model):
+        assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == GROUPED
+    eager_model(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_two_models_of_one_shape_keep_their_own_graphs():
+    """The compiled runtime skips the guards its graphs share: two models with graphs of the same shapes, called in
+    turn, must still each run their own."""
+    models = [tiny_model("llama", seed=seed) for seed in (1, 2)]
+    tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        eager = [ragged_chain(model, tokens) for model in models]
+        for model in models:
+            compile_model(model, widths=(1, 2))
+        for _ in range(2):  # the second round: every graph exists, guards skipped
+            compiled = [ragged_chain(model, tokens) for model in models]
+            for ours, reference in zip(compiled, eager):
+                torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(eager[0], eager[1])
+    for model in models:
+        eager_model(model)
+
+
+def ragged_chain(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of passes of 1 and 2 tokens (the compiled buckets) after a 6-token prompt."""
+    lm = CachedLM(model)
+    lm.forward(tokens[:, :6])
+    return torch.cat([lm.forward(tokens[:, 6:7]), lm.forward(tokens[:, 7:9])], dim=1)
