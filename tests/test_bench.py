@@ -240,7 +240,8 @@ def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
     result = bench(
         tmp_path, "bench=runtime", *TINY, "bench.runtime_study.max_width=3", "bench.runtime_study.repeats=2",
         "~bench.runtime_study.profiles.autotune", "~bench.runtime_study.profiles.autotune_bf16",
-        "~bench.runtime_study.profiles.autotune_packed", "bench.runtime_study.profiles.compiled.widths=[1,2]",
+        "~bench.runtime_study.profiles.autotune_packed", "~bench.runtime_study.profiles.packed_cpp",
+        "bench.runtime_study.profiles.compiled.widths=[1,2]",
         "bench.runtime_study.profiles.packed.widths=[1,2]", "bench.runtime_study.report=compiled",
         bench_name="runtime",
     )  # fmt: skip

@@ -3,14 +3,15 @@
 python -m experiments.bench bench=runtime
 
 For each runtime profile (eager; compiled with inductor's default GEMMs; compiled with max_autotune's C++ GEMM
-template; compiled with the linears on specdec's packed kernel; eager and autotuned on a bfloat16 copy of the
-weights) on the pair's target, in one process, so that every
+template; compiled with the linears on specdec's packed kernel, with a Python or a C++ wrapper; eager and autotuned
+on a bfloat16 copy of the weights) on the pair's target, in one process, so that every
 ratio compares timings of one machine and load:
 - the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
   in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
 - the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
   step (widths above the largest bucket run eager on the slot cache);
-- the step against the memory bound: the ms to read the weights once at the bandwidth of a `sum` measured now;
+- the step against the memory bound: the ms to read the weights once, a `sum` over as many bytes, timed in the same
+  rounds as the passes (each round one read and one pass of each width);
 - the compiled logits against the eager ones on every prompt (largest absolute difference);
 - end to end, greedy: our target-only loop, and speculative decoding with prompt lookup (k = 3, a 4-wide pass),
   tokens per second, outputs checked against the eager target-only's of the same weights, next to Hugging Face's
@@ -22,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_g
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, eager_model
 from specdec.runtime.models import DTYPES
-from specdec.runtime.timing import forward_ms
+from specdec.runtime.timing import pass_tokens, stopwatch
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
@@ -60,9 +62,28 @@ def memory_bound_ms(model: PreTrainedModel, repeats: int = 5) -> tuple[float, fl
     return 1000 * best, nbytes / best / 1e9
 
 
-def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], repeats: int) -> dict[int, float]:
-    """Median ms of one cached forward of w tokens after prefix (1, L), each width."""
-    return {w: forward_ms(model, prefix, w, repeats=repeats) for w in widths}
+@torch.inference_mode()
+def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], repeats: int) -> tuple[dict[int, float],
+                                                                                                   float]:
+    """(median ms of one cached forward of w tokens after prefix (1, L), each width; the fastest read of the
+    weights, memory_bound_ms's sum), timed in the same rounds: each round reads the weights once and runs one pass of
+    each width, so that the drift of a shared CPU falls on every width and on the bound alike."""
+    lm = CachedLM(model)
+    lm.forward(prefix, last_only=True)
+    length, big = lm.length, torch.ones(weight_bytes(model) // 4)
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    reads = []
+    for round_ in range(repeats + 1):  # round 0: warm-up, dropped
+        start = time.perf_counter()
+        big.sum()
+        reads.append(time.perf_counter() - start)
+        for w in widths:
+            seconds: dict[str, float] = {}
+            with stopwatch(seconds, "pass", prefix.device):
+                lm.forward(pass_tokens(prefix, w))
+            lm.crop(length)
+            samples[w].append(1000 * seconds["pass"])
+    return {w: statistics.median(ms[1:]) for w, ms in samples.items()}, 1000 * min(reads[1:])
 
 
 def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.Tensor) -> dict:
@@ -181,8 +202,7 @@ def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: Di
     if profile.name == "compiled":
         entry["compile"] = compile_seconds(model, profile, prefix)
         entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
-    ms = pass_ms(model, prefix, widths, study.repeats)
-    bound_ms = memory_bound_ms(model)[0]
+    ms, bound_ms = pass_ms(model, prefix, widths, study.repeats)
     entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,
               "step_vs_memory_bound": ms[1] / bound_ms}
     e2e = end_to_end(model, prompts, n, eos)

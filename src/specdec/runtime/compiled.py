@@ -254,14 +254,15 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
 
 def use_packed_kernel(model: PreTrainedModel, rows: tuple[int, int]) -> None:
     """Swap the model's float32 CPU linears for packed ones (specdec.runtime.packed), or say why not."""
-    from .packed import pack_linears, unavailable_reason
+    from .packed import PackedLinear, pack_linears, unavailable_reason
 
     reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
     if reason:
         log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
         return
-    log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__,
-             pack_linears(model, rows), *rows)
+    pack_linears(model, rows)
+    packed = sum(isinstance(module, PackedLinear) for module in model.modules())
+    log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__, packed, *rows)
 
 
 def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:
