@@ -73,7 +73,7 @@ def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], rep
     length, big = lm.length, torch.ones(weight_bytes(model) // 4)
     samples: dict[int, list[float]] = {w: [] for w in widths}
     reads = []
-    for round_ in range(repeats + 1):  # round 0: warm-up, dropped
+    for _ in range(repeats + 1):  # round 0: warm-up, dropped
         start = time.perf_counter()
         big.sum()
         reads.append(time.perf_counter() - start)

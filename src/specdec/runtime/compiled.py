@@ -12,8 +12,8 @@ Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
 the first process on a machine pays the compile, later ones load it (and still trace the model: about half the
-cold time was measured warm, docs/performance.md). A model that does not compile (an architecture, a quantized layer) runs eager, with one logged line
-saying why.
+cold time was measured warm, docs/performance.md). A model that does not compile (an architecture, a quantized
+layer) runs eager, with one logged line saying why.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ CAPACITY = 512  # default slots per row of the preallocated cache (doubled when 
 def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
     """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
 
-    cpp_wrapper: the graph's calls (its kernels, in order) in compiled C++ instead of a Python function: about
-    2.5 ms less a SmolLM2-135M pass, for a slower compile (docs/performance.md).
+    cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5 ms less a SmolLM2-135M pass.
 
     autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
     compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
@@ -103,6 +102,7 @@ class CompiledForward:
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()
+        self.seen: set[tuple] = set()  # input shapes (a cache: its capacity) of calls that ran, guards checked
         cuda = model.device.type == "cuda"
         options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper)
         allow_graphs(256)
@@ -135,16 +135,23 @@ class CompiledForward:
         return cheapest if self.pass_ms.get(cheapest, float("inf")) < (1 - PAD_GAIN) * own else fits[0]
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Once that graph
-        exists, dynamo checks only the guards that tell its graphs apart (which model, which shape), not each of the
-        hundreds on the model's modules (about 1.5 ms a pass on SmolLM2-135M): nothing else of a model changes
-        between passes here (its weights are frozen into the graphs)."""
+        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Inputs of shapes seen
+        before check only the guards that tell graphs apart (which model, which shape), not the hundreds on the
+        model's modules (about 1.5 ms a SmolLM2-135M pass); its weights are frozen into the graphs."""
         shape = tuple(inputs[0].shape)
+        seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
+                     for x in inputs)  # tensor shapes, the cache's capacity
         with inductor_settings(self.options):
-            if shape in self.record.seconds:
-                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    return self.compiled(*inputs)
-            return self.first_call(shape, *inputs)
+            if seen in self.seen:
+                try:
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                        return self.compiled(*inputs)
+                except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
+                    if "skip_guard_eval_unsafe" not in str(error):
+                        raise
+            out = self.compiled(*inputs) if shape in self.record.seconds else self.first_call(shape, *inputs)
+            self.seen.update(() if self.eager else [seen])  # guards checked: a grown cache got its own graph
+            return out
 
     def first_call(self, shape, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
