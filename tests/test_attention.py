@@ -24,11 +24,10 @@ def test_grouped_attention_gives_the_same_logits(arch):
     tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         shipped = ragged_logits(model, tokens)
+        sdpa = model.config._attn_implementation == "sdpa"  # gemma2 runs eager attention (its soft-capping)
         switched = use_grouped_attention(model)
         grouped = ragged_logits(model, tokens)
-    heads = model.config.num_attention_heads
-    grouped_heads = getattr(model.config, "num_key_value_heads", heads) < heads
-    assert switched == (grouped_heads and model.config._attn_implementation == GROUPED)
+    assert switched == sdpa == (model.config._attn_implementation == GROUPED)
     assert torch.equal(grouped, shipped)
 
 
@@ -82,4 +81,29 @@ def test_the_cpp_wrapper_runs_the_same_graphs():
         compiled = ragged_chain(model, tokens)
     assert runtime.options["cpp_wrapper"] is True and not runtime.eager and len(runtime.record.seconds) == 2
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    eager_model(model)
+
+
+def test_attention_reads_a_window_of_the_cache(monkeypatch):
+    """On the compiled runtime a pass attends over the slots in use rounded up to WINDOW, not the whole buffer: the
+    windows grow with the sequence, one graph per width serves them all, and the logits are the eager ones."""
+    from specdec.runtime.compiled import WINDOW
+
+    model = tiny_model("llama", seed=6)
+    tokens = torch.randint(0, 32, (1, 2 * WINDOW + 30), generator=torch.Generator().manual_seed(7))
+    steps = [(0, 10), *((start, start + 4) for start in range(10, tokens.shape[1], 4))]
+    with torch.no_grad():
+        lm = CachedLM(model)
+        eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
+        runtime = compile_model(model, widths=(1, 4), capacity=4 * WINDOW)
+        graph, windows = runtime.compiled, []
+        runtime.compiled = lambda *inputs: windows.append(inputs[2].shape[-1]) or graph(*inputs)
+        lm = CachedLM(model)
+        compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:3]]  # compiles the 4-wide graph
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
+        compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[3:]]
+    assert sorted(set(windows)) == [WINDOW, 2 * WINDOW, 3 * WINDOW]
+    assert compile_model(model, widths=(1,), capacity=4 * WINDOW, window=0).window(10, 4 * WINDOW) == 4 * WINDOW
+    for ours, reference in zip(compiled, eager):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)

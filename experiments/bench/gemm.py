@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime.compiled import allow_graphs, cpu_options, inductor_settings
+from specdec.runtime.inductor import allow_graphs, cpu_options, inductor_settings
 from specdec.runtime.packed import pack_linears
 
 from ..records import machine

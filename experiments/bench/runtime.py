@@ -41,7 +41,7 @@ from specdec.runtime.timing import pass_tokens, stopwatch
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
-from ..run.runtime import packed_rows
+from ..run.runtime import compile_settings
 from .goals import runtime_goal_entries
 
 
@@ -91,9 +91,7 @@ def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.T
     out = {}
     for state in ("cold", "warm"):
         torch._dynamo.reset()
-        runtime = compile_model(model, widths=tuple(profile.widths), capacity=profile.capacity,
-                                autotune=profile.autotune, packed_rows=packed_rows(profile),
-                                cpp_wrapper=profile.get("cpp_wrapper", False))
+        runtime = compile_model(model, **compile_settings(profile))
         lm = CachedLM(model)
         lm.forward(prefix)
         for w in runtime.widths:

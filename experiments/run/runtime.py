@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
 from specdec.draft.head_runtime import compile_head
-from specdec.runtime.compiled import build_graphs, check_settings, compile_model, time_buckets
+from specdec.runtime.compiled import WINDOW, build_graphs, check_settings, compile_model, time_buckets
 
 from .settings import ConfigError, check_int
 
@@ -37,14 +37,21 @@ def packed_rows(runtime: DictConfig) -> tuple[int, int] | None:
     return rows[0], rows[1]
 
 
+def compile_settings(runtime: DictConfig) -> dict:
+    """compile_model's settings from a runtime node (conf/runtime/compiled.yaml; a bench profile may leave the later
+    ones out)."""
+    return {"widths": tuple(runtime.widths), "capacity": runtime.capacity, "autotune": runtime.autotune,
+            "packed_rows": packed_rows(runtime), "cpp_wrapper": runtime.get("cpp_wrapper", False),
+            "window": runtime.get("window", WINDOW)}
+
+
 def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
     """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
     settings were checked with the config (check_runtime)."""
     runtime = cfg.runtime
     if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
         return
-    compile_model(model, widths=tuple(runtime.widths), capacity=runtime.capacity, autotune=runtime.autotune,
-                  packed_rows=packed_rows(runtime), cpp_wrapper=runtime.get("cpp_wrapper", False))
+    compile_model(model, **compile_settings(runtime))
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
 

@@ -17,7 +17,8 @@ import os
 import torch
 from transformers import DynamicCache
 
-from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable, inductor_cache_dir
+from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable
+from ..runtime.inductor import inductor_cache_dir
 from ..runtime.layers import slot_cache
 from ..runtime.masks import model_mask
 from .head import DraftHead
@@ -31,6 +32,7 @@ class CompiledHead(CompiledForward):
     def __init__(self, head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False):
         super().__init__(head, widths, capacity, autotune)
+        self.window_slots = 0  # run's inputs hold no mask: its own covers the whole buffer
 
     def run(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache
             ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,7 +169,7 @@ class CachedLM:
 
     def slot_pass(self, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor | None) -> torch.Tensor:
         """forward on the compiled runtime: the pass padded with dead queries to its bucket (or eager when wider than
-        every bucket), over the whole slot buffer; the padding's slots are cropped afterwards."""
+        every bucket), over a window of the slot buffer; the padding's slots are cropped afterwards."""
         rows, width = tokens.shape
         tokens = tokens.clone(memory_format=torch.contiguous_format)  # a graph guards on strides: a slice of a
         # longer sequence (stride L) would compile a graph per sequence length
@@ -180,7 +180,8 @@ class CachedLM:
             tokens, positions, ancestry = padded_pass(tokens, positions, ancestry, padded)
         for layer in self.cache.layers:
             layer.reserve(self.slots + padded)
-        mask = self.masks(positions, ancestry, keys=self.cache.layers[0].capacity)
+        mask = self.masks(positions, ancestry, keys=self.compiled.window(self.slots + padded,
+                                                                          self.cache.layers[0].capacity))
         held = all(layer.held() for layer in self.cache.layers)
         run = self.compiled if bucket is not None and held else self.compiled.run
         logits, hidden = run(tokens, positions.clamp_min(0), mask, self.cache)

@@ -7,7 +7,9 @@ GEMM template with frozen weights does. Three things make the forward compilable
   shapes do not change as the sequence grows;
 - every compiled pass has one of a few widths (buckets): a pass of n tokens is padded on the right with dead
   queries to the cheapest bucket that holds it, and the padded slots are cropped afterwards;
-- the mask (from specdec.runtime.cached) covers the whole buffer, so no shape depends on the cache's length.
+- the mask (from specdec.runtime.cached) covers a window of the buffer: the slots in use rounded up to a multiple
+  of WINDOW (on a CPU; elsewhere the whole buffer), a dimension every graph takes as dynamic, so no graph depends on
+  the cache's length, and attention reads only the window (specdec.runtime.attention).
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
@@ -28,7 +30,8 @@ from weakref import WeakKeyDictionary
 import torch
 from transformers import PreTrainedModel
 
-from .attention import shipped_attention, use_grouped_attention
+from .attention import GROUPED, shipped_attention, use_grouped_attention
+from .inductor import allow_graphs, cpu_options, cuda_options, inductor_cache_dir, inductor_settings
 from .masks import MASKED_BACKENDS
 
 log = logging.getLogger(__name__)
@@ -36,26 +39,7 @@ PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured 
 
 WIDTHS = (1, 2, 4, 8)  # default buckets: new tokens per row of a compiled pass
 CAPACITY = 512  # default slots per row of the preallocated cache (doubled when a sequence outgrows it)
-
-
-def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
-    """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
-
-    cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5 ms less a SmolLM2-135M pass.
-
-    autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
-    compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
-    one never reaches inductor's disk cache (CompileRecord counts such graphs as bypassed).
-    """
-    wrapper = {"cpp_wrapper": True} if cpp_wrapper else {}
-    if autotune:
-        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} | wrapper
-    return {"freezing": True, "cpp.weight_prepack": False} | wrapper
-
-
-def cuda_options(autotune: bool) -> dict[str, object]:
-    """Inductor settings on a GPU: frozen weights and CUDA graphs (what mode="reduce-overhead" turns on)."""
-    return {"freezing": True, "triton.cudagraphs": True, "max_autotune": autotune}
+WINDOW = 64  # default: attention reads the slots in use rounded up to a multiple of this (CPU, GROUPED attention)
 
 
 def check_settings(widths: tuple[int, ...], capacity: int) -> None:
@@ -91,18 +75,21 @@ class CompiledForward:
     """model(input_ids, position_ids, 4D mask, cache) under torch.compile, one graph per (rows, width bucket).
 
     widths: the buckets; capacity: cache slots per row; autotune: inductor's max_autotune (the C++ GEMM template
-    on a CPU, Triton's on a GPU); cpp_wrapper: on a CPU, the graph's calls in C++ (cpu_options). pass_ms (width ->
+    on a CPU, Triton's on a GPU); cpp_wrapper: on a CPU, the graph's calls in C++ (cpu_options); window: attention
+    reads the slots in use rounded up to a multiple of this (0: the whole buffer; see `window`). pass_ms (width ->
     measured ms, filled by the caller) makes `bucket` pick the cheapest bucket that holds a pass instead of the
     smallest.
     """
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False, cpp_wrapper: bool = False):
+                 autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()
         self.seen: set[tuple] = set()  # input shapes (a cache: its capacity) of calls that ran, guards checked
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        self.window_slots = window if attention == GROUPED else 0  # GROUPED attention reads the mask's window only
         cuda = model.device.type == "cuda"
         options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper)
         allow_graphs(256)
@@ -134,11 +121,20 @@ class CompiledForward:
         own = self.pass_ms.get(fits[0], float("inf"))
         return cheapest if self.pass_ms.get(cheapest, float("inf")) < (1 - PAD_GAIN) * own else fits[0]
 
+    def window(self, slots: int, capacity: int) -> int:
+        """Key slots a pass attends over when `slots` are in use with it: a multiple of WINDOW, or the whole
+        buffer (of `capacity` slots) where the model's attention reads every slot its cache returns."""
+        if not self.window_slots:
+            return capacity
+        return min(capacity, -(-slots // self.window_slots) * self.window_slots)
+
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Inputs of shapes seen
         before check only the guards that tell graphs apart (which model, which shape), not the hundreds on the
         model's modules (about 1.5 ms a SmolLM2-135M pass); its weights are frozen into the graphs."""
         shape = tuple(inputs[0].shape)
+        if self.window_slots:
+            dynamic_window(inputs[2], inputs[3].layers[0].capacity)
         seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
                      for x in inputs)  # tensor shapes, the cache's capacity
         with inductor_settings(self.options):
@@ -174,21 +170,12 @@ class CompiledForward:
         return out
 
 
-def inductor_settings(options: dict[str, object]):
-    """Inductor's global config patched with `options` (a context manager). torch.compile(options=...) hands its
-    options to inductor's inner compile only, after compile_fx has read `freezing` from the global config: passed
-    that way alone, the weights are never frozen and every linear stays an aten::mm on inputs."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(options)
-
-
-def allow_graphs(count: int) -> None:
-    """Let dynamo keep `count` graphs of CompiledForward.run (one per model and shape; all models share its code
-    object), instead of silently running eager past its default of 8."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, count)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * count)
+def dynamic_window(masks: torch.Tensor | dict[str, torch.Tensor], capacity: int) -> None:
+    """Mark every mask's key dimension (the window) dynamic, so that one graph serves every window, when the window
+    is narrower than the cache: traced at the full buffer, slicing it to the window would pin the two equal."""
+    for mask in masks.values() if isinstance(masks, dict) else [masks]:
+        if mask.shape[-1] < capacity:
+            torch._dynamo.mark_dynamic(mask, mask.dim() - 1)
 
 
 RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads
@@ -244,7 +231,7 @@ def graphs_built() -> int:
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
-                  cpp_wrapper: bool = False) -> CompiledForward:
+                  cpp_wrapper: bool = False, window: int = WINDOW) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
@@ -255,7 +242,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper)
+    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window)
     return RUNTIMES[model]
 
 
@@ -292,9 +279,3 @@ def check_compilable(model: PreTrainedModel) -> None:
     if backend not in MASKED_BACKENDS:
         raise ValueError(f"the compiled runtime passes 4D attention masks, which attn_implementation={backend!r} "
                          "does not take: load the model with attn_implementation='sdpa', or use runtime=eager")
-
-
-def inductor_cache_dir():
-    from .offline import cache_dir
-
-    return cache_dir() / "inductor"
