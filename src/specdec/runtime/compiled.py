@@ -235,10 +235,12 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
-    the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not."""
+    the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not.
+    window: attention's window of the cache (CompiledForward.window; 0: every slot)."""
     check_compilable(model)
     if use_grouped_attention(model):
-        log.info("%s: grouped-query attention reads each key/value head in place", type(model).__name__)
+        log.info("%s: attention reads each key/value head in place%s", type(model).__name__,
+                 f", over the slots in use rounded up to {window}" if window else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
