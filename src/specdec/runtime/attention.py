@@ -67,17 +67,14 @@ def shipped_attention(model: PreTrainedModel) -> None:
 def as_shipped(model: PreTrainedModel):
     """Within the block, the model runs transformers' own attention and linears (not the compiled runtime's grouped
     attention or packed linears); afterwards they are back."""
-    from .packed import PackedLinear, children_where
+    from .packed import repack_linears, unpack_linears
 
     grouped = model.config._attn_implementation == GROUPED
-    packed = children_where(model, lambda child: isinstance(child, PackedLinear))
     shipped_attention(model)
-    for parent, name, child in packed:
-        setattr(parent, name, child.original)
+    packed = unpack_linears(model)
     try:
         yield model
     finally:
-        for parent, name, child in packed:
-            setattr(parent, name, child)
+        repack_linears(packed)
         if grouped:
             model.set_attn_implementation(GROUPED)

@@ -99,9 +99,16 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
     return len(swaps)
 
 
-def unpack_linears(model: torch.nn.Module) -> int:
-    """Give every PackedLinear of `model` back its nn.Linear (in place); returns how many."""
+def unpack_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, PackedLinear]]:
+    """Give every PackedLinear of `model` back its nn.Linear (in place); returns (parent, name, PackedLinear) of
+    each, for repack_linears."""
     swaps = children_where(model, lambda child: isinstance(child, PackedLinear))
     for parent, name, child in swaps:
         setattr(parent, name, child.original)
-    return len(swaps)
+    return swaps
+
+
+def repack_linears(swaps: list[tuple[torch.nn.Module, str, PackedLinear]]) -> None:
+    """Put back the PackedLinears unpack_linears took out."""
+    for parent, name, child in swaps:
+        setattr(parent, name, child)
