@@ -31,8 +31,7 @@ class CompiledHead(CompiledForward):
 
     def __init__(self, head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False):
-        super().__init__(head, widths, capacity, autotune)
-        self.window_slots = 0  # run's inputs hold no mask: its own covers the whole buffer
+        super().__init__(head, widths, capacity, autotune, window=0)  # run builds its own mask, over every slot
 
     def run(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache
             ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -133,8 +133,6 @@ class CompiledForward:
         before check only the guards that tell graphs apart (which model, which shape), not the hundreds on the
         model's modules (about 1.5 ms a SmolLM2-135M pass); its weights are frozen into the graphs."""
         shape = tuple(inputs[0].shape)
-        if self.window_slots:
-            dynamic_window(inputs[2], inputs[3].layers[0].capacity)
         seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
                      for x in inputs)  # tensor shapes, the cache's capacity
         with inductor_settings(self.options):
@@ -145,6 +143,8 @@ class CompiledForward:
                 except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
                     if "skip_guard_eval_unsafe" not in str(error):
                         raise
+            if self.window_slots:  # a call that may compile: its graph takes the window as dynamic
+                dynamic_window(inputs[2], inputs[3].layers[0].capacity)
             out = self.compiled(*inputs) if shape in self.record.seconds else self.first_call(shape, *inputs)
             self.seen.update(() if self.eager else [seen])  # guards checked: a grown cache got its own graph
             return out
