@@ -29,6 +29,8 @@ def test_q_on_the_subset_equals_the_processed_full_logits(sampling):
     for width in (None, 20):  # 20: a logits width below some of S's ids (those are dropped, as logits() drops them)
         expected = probabilities(head.logits(predicted, width), sampling)
         torch.testing.assert_close(head.probabilities(predicted, sampling, width), expected)
+        finite = torch.isfinite(head.logits(predicted, width)[0]).nonzero().flatten()
+        assert sorted(head.draft_ids(width).tolist()) == finite.tolist()  # what drafting and trees draw from
 
 
 def test_a_bfloat16_head_on_a_float32_target_keeps_greedy_output(arch_case, tmp_path):

@@ -17,10 +17,12 @@ from specdec.draft.head import DraftHead, load_head, save_head
 from specdec.draft.head_drafter import HeadDrafter, HeadTreeDrafter
 from specdec.draft.head_runtime import compile_head, compiled_head, padded_inputs
 from specdec.exact import sequence_distribution
+from specdec.runtime.packed import PackedLinear, unavailable_reason
 from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
 pytestmark = pytest.mark.xdist_group("inductor")  # one worker compiles: inductor's first compile in a process costs ~30 s cold
 N_NEW = 20
+needs_avx512 = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 CAPACITY = 64
 
 
@@ -64,6 +66,22 @@ def test_a_compiled_head_drafts_what_the_eager_head_drafts(small_vocab_pair, tmp
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
     graphs = compiled_head(compiled).record
     assert graphs.eager_reason is None and len(graphs.seconds) >= (1 if sampling.greedy else 2)  # widths ran
+
+
+@needs_avx512
+@pytest.mark.parametrize("cpp_wrapper", [False, pytest.param(True, marks=pytest.mark.exhaustive)],
+                         ids=["python", "cpp_wrapper"])
+def test_a_packed_head_drafts_what_the_eager_head_drafts(small_vocab_pair, tmp_path, cpp_wrapper):
+    target, _ = small_vocab_pair
+    eager, compiled = two_heads(target, tmp_path)
+    compile_head(compiled, capacity=CAPACITY, packed_rows=(1, 16), cpp_wrapper=cpp_wrapper)
+    assert isinstance(compiled.out, PackedLinear) and isinstance(compiled.fc, PackedLinear)  # W_S is packed too
+    expected, expected_q = drafts(target, eager, Sampling(1.0))
+    out, q = drafts(target, compiled, Sampling(1.0))
+    assert torch.equal(out.tokens, expected.tokens) and out.stats.accepted == expected.stats.accepted > 0
+    for mine, theirs in zip(q, expected_q, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
+    assert compiled_head(compiled).record.eager_reason is None
 
 
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=() if a == "llama" else pytest.mark.exhaustive)

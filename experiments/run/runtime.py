@@ -58,9 +58,12 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
 
 def drafter_on_runtime(cfg: DictConfig, drafter) -> None:
     """A drafter's model on the run's runtime (on_runtime), and a trained head's forward (specdec.draft.head_runtime)
-    on the compiled runtime with runtime.heads, its graphs built now."""
+    on the compiled runtime with runtime.heads (its linears packed and its calls in C++ as the runtime says for
+    models), its graphs built now."""
     on_runtime(cfg, getattr(drafter, "model", None), draft=True)
     head, runtime = getattr(drafter, "head", None), cfg.runtime
     if head is None or runtime.name == "eager" or not runtime.heads:
         return
-    compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune).build()
+    settings = compile_settings(runtime)
+    compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune, packed_rows=settings["packed_rows"],
+                 cpp_wrapper=settings["cpp_wrapper"]).build()

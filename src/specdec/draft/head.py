@@ -68,7 +68,13 @@ class DraftHead(nn.Module):
             raise ValueError(f"the draft vocabulary must be distinct token ids below {self.vocab_size}")
         object.__setattr__(self, "embed", target.get_input_embeddings())  # the target's: not a submodule, not trained
         self.register_buffer("vocab", ids.to(weight.device), persistent=False)  # (N,) token ids of S
-        self.register_buffer("out_weight", weight[ids.to(weight.device)].clone(), persistent=False)  # (N, d) W_S
+        self.out = frozen_linear(weight[ids.to(weight.device)].clone())  # W_S (N, d): a linear, so that a runtime
+        # can swap it as it swaps the body's (specdec.runtime.packed)
+
+    @property
+    def out_weight(self) -> torch.Tensor:
+        """W_S (N, d)."""
+        return self.out.weight
 
     @property
     def device(self) -> torch.device:
@@ -91,16 +97,16 @@ class DraftHead(nn.Module):
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """W_S f^ (..., N), soft-capped as the target caps its logits."""
-        logits = (predicted.to(self.out_weight.dtype) @ self.out_weight.T).float()
+        logits = self.out(predicted.to(self.out_weight.dtype)).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
     def logits(self, predicted: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
         """Logits over the whole vocabulary (..., V): W_S f^ on S, -inf elsewhere."""
-        width = vocab_size or self.vocab_size
-        full = predicted.new_full((*predicted.shape[:-1], width), float("-inf"), dtype=torch.float32)
-        kept = self.vocab < width
+        full = predicted.new_full((*predicted.shape[:-1], vocab_size or self.vocab_size), float("-inf"),
+                                  dtype=torch.float32)
+        kept = self.kept(vocab_size)
         full[..., self.vocab[kept]] = self.subset_logits(predicted)[..., kept]
         return full
 
@@ -113,13 +119,43 @@ class DraftHead(nn.Module):
 
     def spread(self, subset_logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None) -> torch.Tensor:
         """q (..., V) from the logits on S (..., N) (see `probabilities`)."""
-        width = vocab_size or self.vocab_size
-        kept = self.vocab < width
-        ids, logits = self.vocab[kept], subset_logits[..., kept]  # (N',), (..., N')
-        q = one_hot_argmax(logits) if sampling.greedy else probabilities(logits, sampling)
-        full = q.new_zeros((*q.shape[:-1], width))
-        full[..., ids] = q
-        return full
+        ids, q = self.subset_distribution(subset_logits, sampling, vocab_size)
+        return spread_over(ids, q, vocab_size or self.vocab_size)
+
+    def subset_distribution(self, subset_logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids of S below the vocabulary's width (N',) and q on them (..., N'), float32: q is 0 elsewhere, so a
+        draw from these N' entries is a draw from q over the whole vocabulary, without a pass over it."""
+        kept = self.kept(vocab_size)
+        logits = subset_logits[..., kept]
+        return self.vocab[kept], one_hot_argmax(logits) if sampling.greedy else probabilities(logits, sampling)
+
+    def kept(self, vocab_size: int | None = None) -> slice | torch.Tensor:
+        """The entries of S below the vocabulary's width `vocab_size` (None: the target's): all of them (attach checks
+        the ids against the target's width) unless a narrower width is asked for."""
+        if (vocab_size or self.vocab_size) >= self.vocab_size:
+            return slice(None)
+        return self.vocab < vocab_size
+
+    def draft_ids(self, vocab_size: int | None = None) -> torch.Tensor:
+        """The token ids the head drafts from below `vocab_size` (N',), in the order of its logits on S."""
+        return self.vocab[self.kept(vocab_size)]
+
+
+def spread_over(ids: torch.Tensor, q: torch.Tensor, width: int) -> torch.Tensor:
+    """q over the vocabulary (..., width): the entries q (..., N') at the ids (N',), zeros elsewhere."""
+    full = q.new_zeros((*q.shape[:-1], width))
+    full[..., ids] = q
+    return full
+
+
+def frozen_linear(weight: torch.Tensor) -> nn.Linear:
+    """A bias-free nn.Linear computing x @ weight.T whose weight (out, in) is a buffer outside the state dict: frozen
+    (no parameter to train) and not saved (it is rebuilt from the target)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    del linear.weight
+    linear.register_buffer("weight", weight, persistent=False)
+    return linear
 
 
 def frequency_ranked(counts: torch.Tensor, n: int | None) -> torch.Tensor | None:

@@ -23,7 +23,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..runtime.cached import CachedLM
 from ..sampling import Sampling, sample
 from .base import RowDrafter
-from .head import DraftHead, load_head
+from .head import DraftHead, load_head, spread_over
 from .head_runtime import compiled_head
 from .proposal import Draft, RowProposals
 from .tree import TreeDraft, empty_tree
@@ -94,15 +94,15 @@ class HeadDrafter(RowDrafter):
                 reach *= float(logits.softmax(dim=-1).max())
                 if reach < self.confidence:
                     break  # not confident: the round verifies the tokens drafted so far (none: a plain step)
-            q = self.head.spread(logits, sampling, vocab_size)  # (1, V)
-            x = sample(q, generator)  # (1,)
+            ids, q = self.head.subset_distribution(logits, sampling, vocab_size)  # (N',), q on them (1, N')
+            x = ids[q.argmax(dim=-1) if sampling.greedy else sample(q, generator)]  # (1,): drawn on S alone
             drafted.append(x)
             rows.append(q[0])
             if i + 1 < k:
                 predicted, logits = self.step(predicted, x, cached + i)
         if not drafted:
             return Draft.empty(vocab_size, sequence.device)
-        return Draft(torch.cat(drafted), torch.stack(rows), forwards=len(drafted))
+        return Draft(torch.cat(drafted), spread_over(ids, torch.stack(rows), vocab_size), forwards=len(drafted))
 
     def catch_up(self, features: torch.Tensor, tokens: torch.Tensor, cached: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,7 +178,7 @@ class HeadTreeDrafter(HeadDrafter):
         self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
     ) -> TreeDraft:
         features = self.source.row_features(self.row)  # (L - 1, d)
-        depth = min(self.depth, depth)
+        depth, self.width = min(self.depth, depth), vocab_size
         if features.shape[0] == 0 or depth == 0:
             return empty_tree(vocab_size, sequence.device)
         self.cached = features.shape[0]
@@ -186,12 +186,17 @@ class HeadTreeDrafter(HeadDrafter):
         self.fed: tuple[int, ...] = ()  # the path whose head states follow the sequence's in the head's cache
         return grow_tree(self, sequence, depth, sampling, vocab_size, generator)
 
+    def draft_ids(self, vocab_size: int) -> torch.Tensor:
+        """The tokens the head drafts from (S below the vocabulary's width, (N',)): logits_after's entries."""
+        return self.head.draft_ids(vocab_size)
+
     def logits_after(self, sequence: torch.Tensor, path: list[int]) -> torch.Tensor:
-        """The head's logits (V,) for the token after the sequence followed by path."""
+        """The head's logits (N',) on draft_ids for the token after the sequence followed by path (q is 0 on every
+        other token: specdec.draft.tree_growth grows the tree on S)."""
         path = tuple(path)
         if path not in self.predicted:
             self.feed(path)
-        return self.head.logits(self.predicted[path][0], self.vocab_size)
+        return self.head.subset_logits(self.predicted[path][0])[self.head.kept(self.width)]
 
     def feed(self, path: tuple[int, ...]) -> None:
         """Predict the features of path's prefixes the head has not read: crop its cache to the prefix shared with

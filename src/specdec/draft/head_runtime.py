@@ -17,7 +17,7 @@ import os
 import torch
 from transformers import DynamicCache
 
-from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable
+from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable, use_packed_kernel
 from ..runtime.inductor import inductor_cache_dir
 from ..runtime.layers import slot_cache
 from ..runtime.masks import model_mask
@@ -30,8 +30,9 @@ class CompiledHead(CompiledForward):
     """DraftHead.forward and W_S under torch.compile over a slot cache (see the module's docstring)."""
 
     def __init__(self, head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False):
-        super().__init__(head, widths, capacity, autotune, window=0)  # run builds its own mask, over every slot
+                 autotune: bool = False, cpp_wrapper: bool = False):
+        super().__init__(head, widths, capacity, autotune, cpp_wrapper, window=0)  # run builds its own mask, over
+        # every slot
 
     def run(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,14 +91,18 @@ def padded_inputs(features: torch.Tensor, tokens: torch.Tensor, positions: torch
 
 
 def compile_head(head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False) -> CompiledHead:
+                 autotune: bool = False, packed_rows: tuple[int, int] | None = None, cpp_wrapper: bool = False
+                 ) -> CompiledHead:
     """Draft with `head` on the compiled runtime from now on (every HeadDrafter of it: their caches become slot
     caches at their next sequence). Compiles lazily, one graph per width bucket at its first use (or all at once:
     CompiledHead.build). Registered with the models' runtimes, so that specdec.runtime.compiled.graphs_built counts
-    its graphs."""
+    its graphs. packed_rows and cpp_wrapper as for a model (specdec.runtime.compiled.compile_model): the head's
+    float32 linears, W_S among them, on the packed kernel for passes of that many rows; its graphs' calls in C++."""
     check_compilable(head.body)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-    RUNTIMES[head] = CompiledHead(head, widths, capacity, autotune)
+    if packed_rows is not None:
+        use_packed_kernel(head, packed_rows)
+    RUNTIMES[head] = CompiledHead(head, widths, capacity, autotune, cpp_wrapper)
     return RUNTIMES[head]
 
 

@@ -13,6 +13,7 @@ import torch
 from ..checks import check_counts
 from ..sampling import Sampling, probabilities, sample
 from ..verify.tree import DETERMINISTIC, DISTINCT, IID
+from .head import spread_over
 from .tree import TreeDraft
 
 CHILDREN = {"top": DETERMINISTIC, "iid": IID, "distinct": DISTINCT}  # how a drafter picks siblings
@@ -74,11 +75,14 @@ class Growth:
         self.modes.append(mode)
         return node
 
-    def tree(self, forwards: int, vocab_size: int, device: torch.device) -> TreeDraft:
+    def tree(self, forwards: int, vocab_size: int, device: torch.device, ids: torch.Tensor | None = None
+             ) -> TreeDraft:
+        """The tree; its q rows spread from the draft vocabulary `ids` onto the whole vocabulary (None: they are)."""
+        rows = torch.stack(self.rows).to(device) if self.rows else torch.zeros(0, vocab_size, device=device)
         return TreeDraft(
             torch.tensor(self.tokens, dtype=torch.long, device=device),
             torch.tensor(self.parents, dtype=torch.long, device=device),
-            torch.stack(self.rows).to(device) if self.rows else torch.zeros(0, vocab_size, device=device),
+            rows if ids is None or not self.rows else spread_over(ids, rows, vocab_size),
             torch.tensor(self.modes, dtype=torch.long, device=device),
             forwards,
         )
@@ -87,7 +91,12 @@ class Growth:
 def grow_tree(drafter, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int,
               generator: torch.Generator | None) -> TreeDraft:
     """The drafter's tree after sequence (1, L): branching for len(drafter.branches) depths, then the most likely
-    branch as a chain, at most drafter.nodes nodes and `depth` depth."""
+    branch as a chain, at most drafter.nodes nodes and `depth` depth. A drafter with `draft_ids(vocab_size)` (its
+    draft vocabulary S, outside which q is 0) gives logits on S alone, and the tree is grown there: the same tree
+    without a pass over the whole vocabulary per node."""
+    ids = drafter.draft_ids(vocab_size) if hasattr(drafter, "draft_ids") else None
+    token = (lambda x: x) if ids is None else (lambda x: int(ids[x]))  # a draft index -> its token id
+    width = vocab_size if ids is None else ids.numel()
     g, frontier, forwards = Growth(), [-1], 0
     for level in range(min(len(drafter.branches), depth)):
         grown = []
@@ -97,16 +106,16 @@ def grow_tree(drafter, sequence: torch.Tensor, depth: int, sampling: Sampling, v
                 break
             logits = drafter.logits_after(sequence, g.paths[node])
             forwards += 1
-            picked, q = pick_children(logits, min(drafter.branches[level], room), drafter.mode, sampling,
-                                      vocab_size, generator)
-            logq = logits[:vocab_size].float().log_softmax(-1)
-            grown += [g.add(node, x, row, drafter.mode, float(logq[x])) for x, row in zip(picked.tolist(), q)]
+            picked, q = pick_children(logits, min(drafter.branches[level], room), drafter.mode, sampling, width,
+                                      generator)
+            logq = logits[:width].float().log_softmax(-1)
+            grown += [g.add(node, token(x), row, drafter.mode, float(logq[x])) for x, row in zip(picked.tolist(), q)]
         frontier = grown
     if frontier:  # extend the most likely branch as a chain: one child per node
         parent = max(frontier, key=g.score.get)
         while len(g.paths[parent]) < depth and len(g.tokens) < drafter.nodes:
             logits = drafter.logits_after(sequence, g.paths[parent])
             forwards += 1
-            picked, q = pick_children(logits, 1, drafter.mode, sampling, vocab_size, generator)
-            parent = g.add(parent, int(picked[0]), q[0], drafter.mode, 0.0)
-    return g.tree(forwards, vocab_size, sequence.device)
+            picked, q = pick_children(logits, 1, drafter.mode, sampling, width, generator)
+            parent = g.add(parent, token(int(picked[0])), q[0], drafter.mode, 0.0)
+    return g.tree(forwards, vocab_size, sequence.device, ids)
