@@ -158,3 +158,23 @@ def test_bad_k_values(small_vocab_pair):
         speculative_generate(target, drafter, PROMPT, k=0)
     with pytest.raises(ValueError, match="CostModel\\(draft_cost='per_call'\\)"):
         speculative_generate(target, NGramDrafter(), PROMPT, k=CostModel(draft_cost="per_token"))
+
+
+def test_auto_on_a_compiled_target_drafts_no_longer_than_its_graphs_hold():
+    """A chain of k needs a pass of k + 1 tokens: on the compiled runtime with graphs of widths 1, 2, 4, k='auto'
+    chooses k <= 3 (a wider pass would run eager); eager targets and trees keep k_max."""
+    from specdec import NGramDrafter
+    from specdec.choose.rules import rule_for
+    from specdec.runtime.compiled import compile_model, eager_model
+    from specdec.runtime.tiny import tiny_model
+
+    target, drafter = tiny_model("llama", seed=0), NGramDrafter()
+    assert rule_for("auto", drafter, target=target).k_max == 8
+    compile_model(target, widths=(1, 2, 4), capacity=64)
+    try:
+        assert rule_for("auto", drafter, target=target).k_max == 3
+        assert rule_for("auto", drafter, k_max=2, target=target).k_max == 2
+        assert rule_for("auto", drafter, trees=True, target=target).k_max == 8
+    finally:
+        eager_model(target)
+    assert rule_for("auto", drafter, target=target).k_max == 8

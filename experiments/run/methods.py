@@ -23,7 +23,7 @@ from specdec import (
 )
 from specdec.choose.cost import Rule
 from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice
-from specdec.choose.rules import rule_for
+from specdec.choose.rules import compiled_k_max, rule_for
 from specdec.draft.base import Drafter, check_rows
 from specdec.draft.switch import DraftSwitch
 from specdec.verify.base import AcceptanceRule
@@ -98,7 +98,7 @@ def run_rule(plan: Plan, pair: Pair, drafter: Drafter) -> Rule | None:
         return None
     online = online_rule(plan, pair) if plan.batch_size == 1 else None
     return online or rule_for(AUTO, drafter, k_max=plan.k_max, trees=plan.trees, max_nodes=plan.max_nodes,
-                              rows=plan.batch_size)  # fmt: skip
+                              rows=plan.batch_size, target=pair.target)  # fmt: skip
 
 
 def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
@@ -148,12 +148,13 @@ def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoic
         return None
     results = [r for r in pair.calibration.results if r.name in switch.candidates]
     priors = {r.name: r.alpha for r in results if not math.isnan(r.alpha)}
-    rule = OnlineDraftChoice(switch, plan.k_max, prior=priors)
+    k_max = compiled_k_max(plan.k_max, pair.target)  # no chain longer than the target's compiled graphs hold
+    rule = OnlineDraftChoice(switch, k_max, prior=priors)
     step = pair.calibration.step_ms / 1000
     rule.seed({1: step, **{r.k + 1: r.pass_cost * step for r in results}}, {r.name: r.draft_ms / 1000 for r in results})
     counts = sorted(pair.threads.probe_ms) if pair.threads is not None else []
     if len(counts) < 2:
         return rule
     start = pair.threads.threads  # the calibration ran at the count threads=auto chose
-    rules = {start: rule, **{t: OnlineDraftChoice(switch, plan.k_max, prior=priors) for t in counts if t != start}}
+    rules = {start: rule, **{t: OnlineDraftChoice(switch, k_max, prior=priors) for t in counts if t != start}}
     return OnlineThreadChoice(rules)

@@ -16,16 +16,18 @@ K_MAX = 8  # the longest draft k="auto" may choose when the caller does not say
 
 
 def rule_for(k: int | str | Rule | None, drafter: object, *, k_max: int | None = None, trees: bool = False,
-             max_nodes: int = 64, rows: int = 1) -> Rule:
+             max_nodes: int = 64, rows: int = 1, target: object = None) -> Rule:
     """What decides each round's draft length (a tree's depth and node budget) from the user's k: an int, a fixed
     k; None (trees only), as deep as the drafter likes; "auto", a fresh CostModel (TreeCostModel for trees)
     pricing drafts as the drafter's draft_cost says, or for a DraftSwitch of candidates an OnlineDraftChoice
     (which draft, and how long, every round); an object with choose and observe, used as given. k_max: the
-    longest draft "auto" may choose (default 8); rows: prompts decoded together."""
+    longest draft "auto" may choose (default 8; on a compiled `target`, at most what its graphs hold: compiled_k_max);
+    rows: prompts decoded together."""
     if hasattr(k, "choose") and hasattr(k, "observe"):
         return checked_rule(k, drafter, trees, rows)
     if k == "auto":
-        return auto_rule(drafter, check_k_max(K_MAX if k_max is None else k_max), trees, max_nodes, rows)
+        k_max = check_k_max(K_MAX if k_max is None else k_max)
+        return auto_rule(drafter, k_max if trees else compiled_k_max(k_max, target), trees, max_nodes, rows)
     if k_max is not None:
         raise ValueError(f"k_max={k_max!r} bounds the draft length k='auto' chooses; with k={k!r} leave it out")
     if k is None and trees:
@@ -41,6 +43,19 @@ def check_k_max(k_max: object) -> int:
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
         raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
     return k_max
+
+
+def compiled_k_max(k_max: int, target: object) -> int:
+    """k_max, or less on a target that runs compiled (specdec.runtime.compiled): the longest chain whose pass, k + 1
+    tokens a row, has a compiled graph. A wider pass runs eager, several steps on a CPU (docs/performance.md), so it
+    does not pay; drafted in the warm-up it would also price every draft out, its time extrapolated to the narrow
+    widths as a line. The choice stays exact whatever k_max is (the rule reads finished rounds only)."""
+    from ..runtime.compiled import compiled_forward
+
+    runtime = compiled_forward(target) if target is not None else None
+    if runtime is None or runtime.eager or max(runtime.widths) < 2:
+        return k_max
+    return min(k_max, max(runtime.widths) - 1)
 
 
 def auto_rule(drafter: object, k_max: int, trees: bool, max_nodes: int, rows: int) -> Rule:
