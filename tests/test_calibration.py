@@ -253,14 +253,17 @@ def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(t
     cal = calibrate(target, drafters, PROMPT, k=None, timings=timings(int8=30.0, ngram=1.0),
                     alphas={"int8": 0.8, "ngram": 0.3})  # fmt: skip
     switch = DraftSwitch(drafters, default=cal.chosen)
-    pair = SimpleNamespace(drafter=switch, calibration=cal, threads=ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17))
+    pair = SimpleNamespace(target=target, drafter=switch, calibration=cal,
+                           threads=ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17))
     rule = online_rule(plan_of(make_cfg()), pair)
     assert isinstance(rule, OnlineThreadChoice) and set(rule.rules) == {1, 2}
     assert rule.rules[2].ready and not rule.rules[1].ready  # the count the calibration ran at starts measured
     assert rule.rules[2].models["int8"].prior == 0.8 and rule.rules[1].models["ngram"].prior == 0.3
     assert rule.rules[2].models["int8"].draft_seconds(1) == pytest.approx(0.030)
-    single = online_rule(plan_of(make_cfg("threads=1")), SimpleNamespace(drafter=switch, calibration=cal, threads=None))
+    single = online_rule(plan_of(make_cfg("threads=1")),
+                         SimpleNamespace(target=target, drafter=switch, calibration=cal, threads=None))
     assert isinstance(single, OnlineDraftChoice) and single.switch is switch
+    assert single.k_max == plan_of(make_cfg()).k_max  # an eager target: no bound from compiled graphs
     assert online_rule(plan_of(make_cfg("k=4")), pair) is None  # a fixed k drafts with the calibrated default
     assert switch.selected == cal.chosen
 
