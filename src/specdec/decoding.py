@@ -211,9 +211,10 @@ def speculative_generate(
 ) -> Generation:
     """Speculative sampling over chains of draft tokens (Leviathan's Algorithm 1): decode with the token-level
     rule, or another rule for chains (acceptance=specdec.BlockVerification()). k: draft tokens per round
-    (gamma); "auto" chooses 0..k_max (default 8; on a compiled target at most its widest graph's chain) each round with a fresh CostModel; a rule (a CostModel instance) is used
-    as given and keeps its measurements across calls. Several prompts (a list, or (B, L) with
-    attention_mask): every row accepts on its own, one k per round for all rows. options: decode's."""
+    (gamma); "auto" chooses 0..k_max (default 8; on a compiled target at most its widest graph's chain) each
+    round with a fresh CostModel; a rule (a CostModel instance) is used as given and keeps its measurements
+    across calls. Several prompts (a list, or (B, L) with attention_mask): every row accepts on its own, one k
+    per round for all rows. options: decode's."""
     rule = rule_for(k, drafter, k_max=k_max, rows=rows_of(input_ids, options.get("attention_mask")), target=target)
     acceptance = acceptance or TokenLevel()
     if acceptance.trees:
