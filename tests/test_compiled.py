@@ -278,8 +278,8 @@ def test_speculative_sampling_on_the_compiled_runtime_keeps_the_target_distribut
 
 @pytest.mark.exhaustive  # compiles the toy pair's target and draft; the library checks above run in `make test`
 def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
-    """python -m experiments.run runtime=compiled on the toy random pair: target and draft compiled, greedy output
-    still the target's, and runtime.md / .json say which graphs compiled in how long."""
+    """python -m experiments.run runtime=compiled runtime.drafts=true on the toy random pair: target and draft
+    compiled, greedy output still the target's, and runtime.md / .json say which graphs compiled in how long."""
     import json
 
     import pandas as pd
@@ -288,7 +288,7 @@ def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
 
     run_experiment(make_cfg("model=tiny_random", "device=cpu", "dtype=float32", "dataset.n_prompts=2",
                             "max_new_tokens=8", "warmup_tokens=2", "threads=1", "method=speculative", "k=3",
-                            "runtime=compiled", "runtime.capacity=128", "logger=none"), tmp_path)
+                            "runtime=compiled", "runtime.drafts=true", "runtime.capacity=128", "logger=none"), tmp_path)
     runtime = json.loads((tmp_path / "runtime.json").read_text())
     assert set(runtime) == {"target", "draft"}
     assert set(runtime["target"]["seconds"]) == {"1x1", "1x2", "1x4", "1x8"}  # every bucket (conf/runtime/compiled.yaml),

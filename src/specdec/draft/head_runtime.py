@@ -12,13 +12,11 @@ queries of a bucket sit after the live ones and their slots are dropped after th
 
 from __future__ import annotations
 
-import os
-
 import torch
 from transformers import DynamicCache
 
 from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable, use_packed_kernel
-from ..runtime.inductor import inductor_cache_dir
+from ..runtime.inductor import use_inductor_cache
 from ..runtime.layers import slot_cache
 from ..runtime.masks import model_mask
 from .head import DraftHead
@@ -99,7 +97,7 @@ def compile_head(head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacit
     its graphs. packed_rows and cpp_wrapper as for a model (specdec.runtime.compiled.compile_model): the head's
     float32 linears, W_S among them, on the packed kernel for passes of that many rows; its graphs' calls in C++."""
     check_compilable(head.body)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    use_inductor_cache()
     if packed_rows is not None:
         use_packed_kernel(head, packed_rows)
     RUNTIMES[head] = CompiledHead(head, widths, capacity, autotune, cpp_wrapper)

@@ -21,7 +21,6 @@ layer) runs eager, with one logged line saying why.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import GROUPED, shipped_attention, use_grouped_attention
-from .inductor import allow_graphs, cpu_options, cuda_options, inductor_cache_dir, inductor_settings
+from .inductor import allow_graphs, cpu_options, cuda_options, inductor_settings, use_inductor_cache
 from .masks import MASKED_BACKENDS
 
 log = logging.getLogger(__name__)
@@ -243,7 +242,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
                  f", over the slots in use rounded up to {window}" if window else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    use_inductor_cache()
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window)
     return RUNTIMES[model]
 

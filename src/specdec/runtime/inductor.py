@@ -3,6 +3,8 @@ reach inductor, how many graphs dynamo may keep, and where the compiled code is 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -48,3 +50,16 @@ def inductor_cache_dir():
     from .offline import cache_dir
 
     return cache_dir() / "inductor"
+
+
+def use_inductor_cache() -> str:
+    """Point inductor's disk cache at inductor_cache_dir(), unless TORCHINDUCTOR_CACHE_DIR names a folder of the
+    user's; returns the folder in use. Importing torch._dynamo (transformers does) sets the variable to torch's
+    default, a folder under the temporary directory that a reboot may empty, so a value equal to that default counts
+    as unset. Inductor reads the variable at each use: setting it before the first compile is enough."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
