@@ -268,6 +268,25 @@ def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(t
     assert switch.selected == cal.chosen
 
 
+def test_a_compiled_target_keeps_its_thread_count(target, make_cfg, monkeypatch):
+    """A compiled target's graphs hold for the thread count they were built at: k=auto chooses the draft and k
+    online, not the count (a round at another count would compile every graph again, 12-25 s each)."""
+    from types import SimpleNamespace
+
+    from experiments.run.methods import online_rule
+    from specdec import DraftSwitch, OnlineDraftChoice
+    from specdec.runtime.compiled import RUNTIMES
+
+    drafters = {"int8": ModelDrafter(target), "ngram": NGramDrafter()}
+    cal = calibrate(target, drafters, PROMPT, k=None, timings=timings(int8=30.0, ngram=1.0),
+                    alphas={"int8": 0.8, "ngram": 0.3})  # fmt: skip
+    pair = SimpleNamespace(target=target, drafter=DraftSwitch(drafters, default=cal.chosen), calibration=cal,
+                           threads=ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17))
+    monkeypatch.setitem(RUNTIMES, target, SimpleNamespace(eager=False, widths=(1, 2, 4)))  # as compile_model leaves it
+    rule = online_rule(plan_of(make_cfg()), pair)
+    assert isinstance(rule, OnlineDraftChoice) and rule.k_max == 3
+
+
 def test_timings_time_a_lookup_candidate_through_the_drafter_protocol():
     """A lookup candidate is timed by its own propose call (one row), next to a draft model's step."""
     from specdec import ModelDrafter, NGramDrafter

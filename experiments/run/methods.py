@@ -26,6 +26,7 @@ from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice
 from specdec.choose.rules import compiled_k_max, rule_for
 from specdec.draft.base import Drafter, check_rows
 from specdec.draft.switch import DraftSwitch
+from specdec.runtime.compiled import runs_compiled
 from specdec.verify.base import AcceptanceRule
 
 from .hf import hf_generate, hf_generate_batch
@@ -141,8 +142,9 @@ def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoic
     """k=auto with a calibrated pair's candidates (a chain): one rule for the whole run, which chooses the draft
     and k every round, starting from the calibration's measurements (its alphas as priors, its timings as the
     first samples, replaced as rounds are timed); with threads=auto on the CPU, one such rule per thread count
-    probed at the start and the count chosen every round too (the start's count seeded with the calibration);
-    None otherwise (k=auto then prices the one drafter)."""
+    probed at the start and the count chosen every round too (the start's count seeded with the calibration),
+    except on a compiled target, whose graphs hold for the count they were built at (a round at another count would
+    compile them again); None otherwise (k=auto then prices the one drafter)."""
     switch = pair.drafter
     if plan.trees or plan.k != AUTO or not isinstance(switch, DraftSwitch) or pair.calibration is None:
         return None
@@ -153,7 +155,7 @@ def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoic
     step = pair.calibration.step_ms / 1000
     rule.seed({1: step, **{r.k + 1: r.pass_cost * step for r in results}}, {r.name: r.draft_ms / 1000 for r in results})
     counts = sorted(pair.threads.probe_ms) if pair.threads is not None else []
-    if len(counts) < 2:
+    if len(counts) < 2 or runs_compiled(pair.target):
         return rule
     start = pair.threads.threads  # the calibration ran at the count threads=auto chose
     rules = {start: rule, **{t: OnlineDraftChoice(switch, k_max, prior=priors) for t in counts if t != start}}

@@ -205,8 +205,10 @@ def load_target(cfg: DictConfig, plan: Plan) -> Target:
             compute_dtype=cfg.quantization.compute_dtype,
         )  # fmt: skip
         tokenizer = load_tokenizer(cfg.model.target.name)
+    threads = choose_threads_for(plan, model, tokenizer)  # before compiling: a compiled graph is guarded on the
+    # thread count it was built at, and dynamo compiles it again (12-25 s) at any other count
     on_runtime(cfg, model)
-    return Target(model, tokenizer, quantization, choose_threads_for(plan, model, tokenizer))
+    return Target(model, tokenizer, quantization, threads)
 
 
 def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:

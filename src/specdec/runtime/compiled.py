@@ -265,6 +265,12 @@ def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:
     return RUNTIMES.get(model)
 
 
+def runs_compiled(model: PreTrainedModel | None) -> bool:
+    """Whether the model's passes run compiled graphs (on the compiled runtime, and not fallen back to eager)."""
+    runtime = RUNTIMES.get(model) if model is not None else None
+    return runtime is not None and not runtime.eager
+
+
 def eager_model(model: PreTrainedModel) -> None:
     """Back to the eager runtime (and its own linears, if they were packed)."""
     from .packed import unpack_linears
