@@ -217,6 +217,26 @@ def test_a_round_that_compiles_a_graph_teaches_k_auto_no_times():
 
 
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
+def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
+    """Dynamo guards a graph on torch's thread count: a pass at another count compiles it again, which
+    graphs_built counts, so that no rule learns a pass time from that pass."""
+    target = compiled_tiny("llama")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        build_graphs(target)
+        lm = CachedLM(target)
+        lm.forward(GREEDY_PROMPT[:, :3])  # the first pass allocates the cache, eager
+        graphs = graphs_built()
+        lm.forward(GREEDY_PROMPT[:, 3:4])
+        assert graphs_built() == graphs  # a built graph, at the count it was built at
+        torch.set_num_threads(2)
+        lm.forward(GREEDY_PROMPT[:, 4:5])
+        assert graphs_built() == graphs + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_batches_and_trees_on_the_compiled_runtime():
     """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""
     target = compiled_tiny("llama")

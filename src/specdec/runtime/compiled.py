@@ -223,9 +223,12 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
 
 
 def graphs_built() -> int:
-    """Graphs compiled (or loaded from the disk cache) so far by every model's runtime. A pass during which this
-    count grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
-    return sum(len(runtime.record.seconds) for runtime in list(RUNTIMES.values()))
+    """Graphs dynamo traced so far in this process: compiled, loaded from the disk cache, or compiled again where a
+    guard failed (a graph holds for the thread count it was built at, among others). A pass during which this count
+    grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
