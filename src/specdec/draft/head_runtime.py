@@ -93,9 +93,9 @@ def compile_head(head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacit
                  ) -> CompiledHead:
     """Draft with `head` on the compiled runtime from now on (every HeadDrafter of it: their caches become slot
     caches at their next sequence). Compiles lazily, one graph per width bucket at its first use (or all at once:
-    CompiledHead.build). Registered with the models' runtimes, so that specdec.runtime.compiled.graphs_built counts
-    its graphs. packed_rows and cpp_wrapper as for a model (specdec.runtime.compiled.compile_model): the head's
-    float32 linears, W_S among them, on the packed kernel for passes of that many rows; its graphs' calls in C++."""
+    CompiledHead.build). Registered with the models' runtimes (specdec.runtime.compiled.RUNTIMES). packed_rows and
+    cpp_wrapper as for a model (specdec.runtime.compiled.compile_model): the head's float32 linears, W_S among them,
+    on the packed kernel for passes of that many rows; its graphs' calls in C++."""
     check_compilable(head.body)
     use_inductor_cache()
     if packed_rows is not None:
