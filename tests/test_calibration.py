@@ -10,7 +10,7 @@ import torch
 
 from experiments.run.choices import calibration_markdown, threads_markdown
 from experiments.run.heads import say_left_out, trained_candidates
-from experiments.run.pair import choose_threads_for
+from experiments.run.runtime import choose_threads_for
 from experiments.run.settings import ConfigError, plan_of, validate
 from specdec import speculative_generate
 from specdec.choose.calibration import (

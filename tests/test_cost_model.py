@@ -178,3 +178,24 @@ def test_auto_on_a_compiled_target_drafts_no_longer_than_its_graphs_hold():
     finally:
         eager_model(target)
     assert rule_for("auto", drafter, target=target).k_max == 8
+
+
+def test_a_rule_that_switches_threads_is_refused_on_a_compiled_target():
+    """Dynamo guards a compiled graph on the thread count it was built at: an OnlineThreadChoice would compile the
+    target's graphs again in timed rounds. On an eager target it is taken as given."""
+    from specdec import DraftSwitch, NGramDrafter, OnlineDraftChoice, OnlineThreadChoice
+    from specdec.choose.rules import rule_for
+    from specdec.runtime.compiled import compile_model, eager_model
+    from specdec.runtime.tiny import tiny_model
+
+    target = tiny_model("llama", seed=0)
+    switch = DraftSwitch({"a": NGramDrafter(), "b": NGramDrafter(max_ngram=2)}, default="a")
+    rule = OnlineThreadChoice({1: OnlineDraftChoice(switch, 4), 2: OnlineDraftChoice(switch, 4)})
+    assert rule_for(rule, switch, target=target) is rule
+    compile_model(target, widths=(1, 2, 4), capacity=64)  # graphs compile at first use: none here
+    try:
+        with pytest.raises(ValueError, match="thread count"):
+            rule_for(rule, switch, target=target)
+        assert rule_for(rule.rules[1], switch, target=target) is rule.rules[1]
+    finally:
+        eager_model(target)

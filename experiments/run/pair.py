@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,10 +27,10 @@ from specdec.choose.calibration import Calibration, calibrate
 from specdec.draft.base import Drafter
 from specdec.draft.switch import DraftSwitch
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
-from specdec.runtime.timing import ThreadChoice, choose_threads
+from specdec.runtime.timing import ThreadChoice
 
 from .heads import loaded_candidates, with_target
-from .runtime import drafter_on_runtime, on_runtime
+from .runtime import choose_threads_for, drafter_on_runtime, on_runtime
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
 
@@ -205,9 +204,8 @@ def load_target(cfg: DictConfig, plan: Plan) -> Target:
             compute_dtype=cfg.quantization.compute_dtype,
         )  # fmt: skip
         tokenizer = load_tokenizer(cfg.model.target.name)
-    threads = choose_threads_for(plan, model, tokenizer)  # before compiling: a compiled graph is guarded on the
-    # thread count it was built at, and dynamo compiles it again (12-25 s) at any other count
-    on_runtime(cfg, model)
+    threads = choose_threads_for(plan, model, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat))
+    on_runtime(cfg, model)  # after the thread count: compiled graphs hold for the count they were built at
     return Target(model, tokenizer, quantization, threads)
 
 
@@ -243,20 +241,6 @@ def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
         raise ConfigError(f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but "
                           f"max_nodes={max_nodes}: lower tree.nodes or raise max_nodes")
     return drafter
-
-
-def choose_threads_for(plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ThreadChoice | None:
-    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever is fastest here and now (one target
-    step, one verification pass of width k + 1 (5 for k=auto) and one prompt pass), set for the run; None
-    otherwise."""
-    if plan.threads != AUTO or not plan.device.startswith("cpu"):
-        return None
-    cores = os.cpu_count() or 1
-    counts = [2**i for i in range(cores.bit_length()) if 2**i <= cores]
-    ids = encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat)
-    choice = choose_threads(target, ids, counts, width=5 if plan.k == AUTO else plan.k + 1)
-    torch.set_num_threads(choice.threads)
-    return choice
 
 
 def target_key(cfg: DictConfig) -> str:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
+import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
 from specdec.draft.head_runtime import compile_head
 from specdec.runtime.compiled import WINDOW, build_graphs, check_settings, compile_model, time_buckets
+from specdec.runtime.timing import ThreadChoice, choose_threads
 
-from .settings import ConfigError, check_int
+from .schema import AUTO
+from .settings import ConfigError, Plan, check_int
 
 
 def check_runtime(runtime: DictConfig) -> None:
@@ -67,3 +72,17 @@ def drafter_on_runtime(cfg: DictConfig, drafter) -> None:
     settings = compile_settings(runtime)
     compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune, packed_rows=settings["packed_rows"],
                  cpp_wrapper=settings["cpp_wrapper"]).build()
+
+
+def choose_threads_for(plan: Plan, target: PreTrainedModel, ids: torch.Tensor | None) -> ThreadChoice | None:
+    """threads=auto on the CPU: 1, 2, 4, ... up to the core count, whichever is fastest here and now (one target
+    step, one verification pass of width k + 1 (5 for k=auto) and one prompt pass over `ids`), set for the run;
+    None otherwise. Call it before the target compiles: dynamo guards a compiled graph on the thread count it was
+    built at, and compiles it again (12-25 s) at any other."""
+    if plan.threads != AUTO or not plan.device.startswith("cpu"):
+        return None
+    cores = os.cpu_count() or 1
+    counts = [2**i for i in range(cores.bit_length()) if 2**i <= cores]
+    choice = choose_threads(target, ids, counts, width=5 if plan.k == AUTO else plan.k + 1)
+    torch.set_num_threads(choice.threads)
+    return choice

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..draft.switch import DraftSwitch
 from .cost import CostModel, FixedDraftLength, Rule, check_draft_cost
-from .online import OnlineDraftChoice
+from .online import OnlineDraftChoice, OnlineThreadChoice
 from .tree_cost import TreeCostModel
 
 K_MAX = 8  # the longest draft k="auto" may choose when the caller does not say
@@ -24,7 +24,7 @@ def rule_for(k: int | str | Rule | None, drafter: object, *, k_max: int | None =
     longest draft "auto" may choose (default 8; on a compiled `target`, at most what its graphs hold: compiled_k_max);
     rows: prompts decoded together."""
     if hasattr(k, "choose") and hasattr(k, "observe"):
-        return checked_rule(k, drafter, trees, rows)
+        return checked_rule(k, drafter, trees, rows, target)
     if k == "auto":
         k_max = check_k_max(K_MAX if k_max is None else k_max)
         return auto_rule(drafter, k_max if trees else compiled_k_max(k_max, target), trees, max_nodes, rows)
@@ -50,12 +50,10 @@ def compiled_k_max(k_max: int, target: object) -> int:
     tokens a row, has a compiled graph. A wider pass runs eager, several steps on a CPU (docs/performance.md), so it
     does not pay; drafted in the warm-up it would also price every draft out, its time extrapolated to the narrow
     widths as a line. The choice stays exact whatever k_max is (the rule reads finished rounds only)."""
-    from ..runtime.compiled import compiled_forward
+    from ..runtime.compiled import compiled_forward, runs_compiled
 
-    runtime = compiled_forward(target) if target is not None else None
-    if runtime is None or runtime.eager or max(runtime.widths) < 2:
-        return k_max
-    return min(k_max, max(runtime.widths) - 1)
+    widest = max(compiled_forward(target).widths) if runs_compiled(target) else 1
+    return k_max if widest < 2 else min(k_max, widest - 1)
 
 
 def auto_rule(drafter: object, k_max: int, trees: bool, max_nodes: int, rows: int) -> Rule:
@@ -73,8 +71,15 @@ def auto_rule(drafter: object, k_max: int, trees: bool, max_nodes: int, rows: in
     return CostModel(k_max, check_draft_cost(drafter))
 
 
-def checked_rule(rule: Rule, drafter: object, trees: bool, rows: int) -> Rule:
-    """A rule given as an object: it must price the proposal shape, the drafter and the rows given."""
+def checked_rule(rule: Rule, drafter: object, trees: bool, rows: int, target: object = None) -> Rule:
+    """A rule given as an object: it must price the proposal shape, the drafter and the rows given, and choose no
+    thread count for a compiled target (dynamo guards its graphs on the count they were built at: a round at another
+    count would compile them all again)."""
+    from ..runtime.compiled import runs_compiled
+
+    if isinstance(rule, OnlineThreadChoice) and runs_compiled(target):
+        raise ValueError("OnlineThreadChoice switches torch's thread count, and a compiled target's graphs hold for "
+                         "the count they were built at: set the count once and choose with an OnlineDraftChoice")
     if getattr(rule, "trees", trees) != trees:
         wanted = "a TreeCostModel (it prices trees, not chains)" if trees else "a CostModel (it prices chains)"
         raise TypeError(f"{'tree_generate' if trees else 'speculative_generate'} needs {wanted}, got {type(rule).__name__}")
