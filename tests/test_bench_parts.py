@@ -175,3 +175,21 @@ def test_a_contender_that_raises_while_running_is_recorded(tmp_path, monkeypatch
     goal = result["goals"]["vs_hf_prompt_lookup"]
     assert goal["value"] is None and goal["status"] == "not measured" and goal["failed_contenders"] == ["hf_lookup_default"]
     assert result["greedy_check"]["identical"]  # between the contenders that finished
+
+
+def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
+    """bench=cross reports our best cross-vocabulary configuration over target-only whether or not Hugging Face's
+    universal assisted generation ran too; a same-vocabulary bench does not report it."""
+    from experiments.bench.ratios import Figures, other_ratios
+
+    def contender(tps):
+        return {"owner": "ours", "drafts": "model", "tokens_per_second": {"median": tps},
+                "by_category": {"chat": {"median": tps}, "code": {"median": tps}}}
+
+    f = Figures({"ar": contender(10.0), "default": contender(10.3), "tli_auto": contender(9.8)})
+    settings = {"max_new_tokens": 48, "draft": "StringDrafter(model=load_model(...))"}
+    keys = other_ratios(f, {"settings": settings})
+    assert keys["cross_vocab_vs_target_only"] == pytest.approx(1.03)
+    assert "cross_vocab_vs_hf_uag" not in keys
+    same_vocabulary = other_ratios(f, {"settings": {**settings, "draft": "ModelDrafter(model=load_model(...))"}})
+    assert "cross_vocab_vs_target_only" not in same_vocabulary

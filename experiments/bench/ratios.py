@@ -120,8 +120,10 @@ def other_ratios(f: Figures, result: dict) -> dict[str, float]:
     hard category."""
     out = {}
     ours_cross, hf_cross = [n for n in CROSS_OURS if n in f.c], [n for n in CROSS_HF if n in f.c]
-    if ours_cross and hf_cross and "ar" in f.c:
+    if ours_cross and hf_cross:
         out["cross_vocab_vs_hf_uag"] = f.category_geomean(f.best(ours_cross)) / f.category_geomean(f.best(hf_cross))
+    cross_pair = str(result["settings"].get("draft", "")).startswith(("StringDrafter", "TokenIntersectionDrafter"))
+    if cross_pair and ours_cross and "ar" in f.c:  # with or without Hugging Face's contender in the run
         out["cross_vocab_vs_target_only"] = f.category_geomean(f.best(ours_cross)) / f.category_geomean("ar")
     runs = (result.get("load") or {}).get("runs", {})
     if {"ar", "default"} <= set(runs):  # the load scenario: the same schedule of load for both
