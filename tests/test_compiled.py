@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from fakes import GREEDY_PROMPT, hf_greedy
+from fakes import GREEDY_PROMPT, hf_greedy, largest_logit_difference
 from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
 
 from specdec import (
@@ -104,20 +104,6 @@ def test_a_graph_compiles_under_the_benchs_forward_clock():
     assert "run" not in vars(runtime) and runtime.compiled.__name__ != "timed"
     lm.forward(ids[:, 8:9])
     assert clock.calls == {"target": 3}
-
-
-def largest_logit_difference(model, ids: torch.Tensor) -> float:
-    """Largest |compiled - eager| logit over a prefill and passes of widths 1, 3 (padded to 4) and 2."""
-    compiled = CachedLM(model)
-    runtime = compiled_forward(model)
-    eager_model(model)
-    eager = CachedLM(model)
-    compile_model(model, widths=runtime.widths, capacity=runtime.capacity, autotune=False)
-    worst = 0.0
-    for start, end in ((0, 8), (8, 9), (9, 12), (12, 14)):
-        chunk = ids[:, start:end]
-        worst = max(worst, float((compiled.forward(chunk) - eager.forward(chunk)).abs().max()))
-    return worst
 
 
 def test_a_pass_is_padded_to_its_bucket_and_the_padding_cropped():

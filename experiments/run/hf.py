@@ -82,6 +82,7 @@ def hf_generate(
     samples with it)."""
     pad = eos[0] if eos else pair.target.config.pad_token_id or 0
     config = generation_config(hf, sampling, eos, max_new_tokens, pad)
+    ids = ids.to(pair.target.device)  # assisted generation builds the assistant's positions where the ids lie
     assistant = pair.draft_model if hf.assistant else None
     if assistant is not None and universal(pair, assistant):
         assistant = uag_assistant(assistant)
