@@ -84,7 +84,7 @@ BAD = [
     (["runtime=compiled", "runtime.capacity=16", "runtime.widths=[1,16]"], "runtime.capacity=16 must hold two"),
     (["runtime=compiled", "runtime.packed_rows=[5]"], "runtime.packed_rows must be null or \\[first, last\\]"),
     (["runtime=compiled", "runtime.packed_rows=[5,2]"], "runtime.packed_rows must be an integer >= 5"),
-    (["runtime.name=aot"], "choices: eager, compiled"),
+    (["runtime.name=aot"], "choices: eager, compiled, auto"),
 ]
 
 

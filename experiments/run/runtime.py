@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 
 import torch
 from omegaconf import DictConfig
@@ -14,6 +16,8 @@ from specdec.runtime.timing import ThreadChoice, choose_threads
 
 from .schema import AUTO
 from .settings import ConfigError, Plan, check_int
+
+log = logging.getLogger(__name__)
 
 
 def check_runtime(runtime: DictConfig) -> None:
@@ -50,11 +54,48 @@ def compile_settings(runtime: DictConfig) -> dict:
             "window": runtime.get("window", WINDOW)}
 
 
+AUTO_MIN_NEW_TOKENS = 32  # runtime=auto compiles for runs of at least this many new tokens per prompt
+AUTO_MIN_WEIGHTS_MB = 64  # ... and targets of at least this many MB of weights (toy models run eager)
+
+
+def auto_eager_reason(cfg: DictConfig, model: PreTrainedModel | None = None) -> str | None:
+    """Why runtime=auto runs eager for this run and model (None: it compiles). It compiles where the compiled
+    runtime measured faster and its compile pays back: on a CPU with the packed kernel (AVX-512), whose compiled
+    SmolLM2-135M step took 21-25 ms against 55-73 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
+    eager step takes a millisecond); and for outputs of at least AUTO_MIN_NEW_TOKENS tokens (a warm start loads the
+    graph in about 18 s, won back after some 400 tokens; docs/performance.md)."""
+    from specdec.runtime.packed import unavailable_reason
+
+    if not str(cfg.device).startswith("cpu"):
+        return f"runtime=auto compiles on a CPU only (device={cfg.device})"
+    if unavailable_reason():
+        return f"runtime=auto compiles where the packed kernel runs, and {unavailable_reason()}"
+    if not shutil.which(os.environ.get("CXX", "c++")):
+        return "runtime=auto compiles with a C++ compiler, and none is on PATH (CXX or c++)"
+    if cfg.max_new_tokens < AUTO_MIN_NEW_TOKENS:
+        return f"max_new_tokens={cfg.max_new_tokens} is too few to pay a compile (runtime=auto: >= {AUTO_MIN_NEW_TOKENS})"
+    weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 if model is not None else None
+    if weights_mb is not None and weights_mb < AUTO_MIN_WEIGHTS_MB:
+        return f"{weights_mb:.1f} MB of weights is too small to pay a compile (runtime=auto: >= {AUTO_MIN_WEIGHTS_MB})"
+    return None
+
+
+def compiles(cfg: DictConfig, model: PreTrainedModel | None = None) -> bool:
+    """Whether the run's models go on the compiled runtime: runtime=compiled, or runtime=auto where
+    auto_eager_reason finds no reason against (said once in the log)."""
+    if cfg.runtime.name != AUTO:
+        return cfg.runtime.name == "compiled"
+    reason = auto_eager_reason(cfg, model)
+    if model is not None:
+        log.info("runtime=auto: %s", f"eager, as {reason}" if reason else "compiled (specdec.runtime.compiled)")
+    return reason is None
+
+
 def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
     """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
     settings were checked with the config (check_runtime)."""
     runtime = cfg.runtime
-    if model is None or runtime.name == "eager" or (draft and not runtime.drafts):
+    if model is None or (draft and not runtime.drafts) or not compiles(cfg, None if draft else model):
         return
     compile_model(model, **compile_settings(runtime))
     build_graphs(model)  # now, not in a timed pass
@@ -67,7 +108,7 @@ def drafter_on_runtime(cfg: DictConfig, drafter) -> None:
     models), its graphs built now."""
     on_runtime(cfg, getattr(drafter, "model", None), draft=True)
     head, runtime = getattr(drafter, "head", None), cfg.runtime
-    if head is None or runtime.name == "eager" or not runtime.heads:
+    if head is None or not runtime.heads or not compiles(cfg):
         return
     settings = compile_settings(runtime)
     compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune, packed_rows=settings["packed_rows"],

@@ -44,6 +44,7 @@ class AppliesTo(str, Enum):
 class RuntimeKind(str, Enum):
     EAGER = "eager"  # PyTorch as loaded
     COMPILED = "compiled"  # torch.compile over a preallocated cache (specdec.runtime.compiled)
+    AUTO = "auto"  # compiled where it measured faster and the compile pays back, else eager (experiments.run.runtime)
 
 
 class DatasetSource(str, Enum):

@@ -1,0 +1,56 @@
+"""runtime=auto (the default): the compiled runtime where it measured faster and its compile pays back, else eager,
+with the reason said (experiments.run.runtime.auto_eager_reason)."""
+
+import pytest
+
+from experiments.run import runtime as run_runtime
+from experiments.run.runtime import AUTO_MIN_NEW_TOKENS, auto_eager_reason, compiles, on_runtime
+from specdec.runtime.compiled import compiled_forward, eager_model
+from specdec.runtime.tiny import tiny_model
+
+
+@pytest.fixture
+def packed_kernel_here(monkeypatch):
+    """Answer 'the packed kernel runs here' (or not), whatever this machine's CPU."""
+    from specdec.runtime import packed
+
+    def answer(runs: bool):
+        monkeypatch.setattr(packed, "unavailable_reason", lambda: None if runs else "it needs AVX-512 (here: AVX2)")
+    return answer
+
+
+def test_auto_is_the_default_and_compiles_a_real_sized_target_for_a_long_output(make_cfg, packed_kernel_here):
+    cfg = make_cfg()
+    assert cfg.runtime.name == "auto" and cfg.max_new_tokens >= AUTO_MIN_NEW_TOKENS
+    packed_kernel_here(True)
+    assert auto_eager_reason(cfg) is None and compiles(cfg)
+    assert auto_eager_reason(make_cfg("runtime=eager")) is None  # (the reason is auto's; eager never compiles)
+    assert not compiles(make_cfg("runtime=eager")) and compiles(make_cfg("runtime=compiled", "max_new_tokens=4"))
+
+
+@pytest.mark.parametrize("overrides, runs, reason", [
+    (["device=cuda"], True, "compiles on a CPU only"),
+    ([], False, "packed kernel runs, and it needs AVX-512"),
+    (["max_new_tokens=8"], True, "max_new_tokens=8 is too few"),
+])  # fmt: skip
+def test_auto_runs_eager_and_says_why(make_cfg, packed_kernel_here, overrides, runs, reason):
+    packed_kernel_here(runs)
+    cfg = make_cfg(*overrides)
+    assert reason in auto_eager_reason(cfg) and not compiles(cfg)
+
+
+@pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py: inductor's first compile costs most
+def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(make_cfg, packed_kernel_here, monkeypatch,
+                                                                          caplog):
+    """A toy target is too small to pay a compile: it stays on the eager runtime, and the log says so. With that
+    criterion lifted, the same call puts it on the compiled runtime (auto's profile: one graph of 8 tokens)."""
+    packed_kernel_here(True)
+    cfg = make_cfg("runtime.packed_rows=null", "runtime.cpp_wrapper=false")  # a toy graph, quick to compile
+    model = tiny_model("llama", seed=0)
+    with caplog.at_level("INFO", logger="experiments.run.runtime"):
+        on_runtime(cfg, model)
+    assert compiled_forward(model) is None and "too small to pay a compile" in caplog.text
+    monkeypatch.setattr(run_runtime, "AUTO_MIN_WEIGHTS_MB", 0)
+    on_runtime(cfg, model)
+    assert compiled_forward(model).widths == (8,)
+    eager_model(model)
