@@ -36,13 +36,19 @@ def pair_on_gpu(arch: str, noise: float = 0.15):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_eager_greedy_on_the_gpu_equals_hf_greedy(arch):
     """Target-only and speculative greedy output on the GPU's eager runtime equal HF's greedy generate there."""
-    target, draft = pair_on_gpu(arch)
+    greedy_equals_hf_greedy(*pair_on_gpu(arch))
+
+
+def greedy_equals_hf_greedy(target, draft) -> torch.Tensor:
+    """Target-only and speculative greedy output (k = 3, partly accepted) equal to HF's greedy generate on the GPU;
+    that output after the prompt."""
     prompt = GREEDY_PROMPT.to(CUDA)
     expected = hf_greedy(target, prompt, N_NEW)
     assert torch.equal(autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=N_NEW).tokens, expected)
     out = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
     assert torch.equal(out.tokens, expected)
     assert 0 < out.stats.acceptance_rate < 1
+    return torch.cat([prompt[0], expected])[None]
 
 
 @pytest.mark.parametrize("arch", COMPILED_ARCHS)
@@ -51,15 +57,10 @@ def test_compiled_greedy_on_the_gpu_equals_hf_greedy(arch):
     buckets and cropped after partial acceptance; its logits equal the eager runtime's to float rounding."""
     target, draft = pair_on_gpu(arch)
     compile_model(target, widths=(1, 2, 4), capacity=64, autotune=False)
-    prompt = GREEDY_PROMPT.to(CUDA)
-    expected = hf_greedy(target, prompt, N_NEW)
-    assert torch.equal(autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=N_NEW).tokens, expected)
-    out = speculative_generate(target, ModelDrafter(draft), prompt, k=3, sampling=GREEDY, max_new_tokens=N_NEW)
-    assert torch.equal(out.tokens, expected)
-    assert 0 < out.stats.acceptance_rate < 1
+    sequence = greedy_equals_hf_greedy(target, draft)
     record = compiled_forward(target).record
     assert record.seconds and record.eager_reason is None  # it did run compiled graphs
-    worst = largest_logit_difference(target, torch.cat([prompt[0], expected])[None])
+    worst = largest_logit_difference(target, sequence)
     print(f"{arch}: largest |compiled - eager| logit on the GPU: {worst:.2e}")
     assert worst < 1e-3
 
