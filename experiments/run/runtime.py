@@ -61,9 +61,9 @@ AUTO_MIN_WEIGHTS_MB = 64  # ... and targets of at least this many MB of weights 
 def auto_eager_reason(cfg: DictConfig, model: PreTrainedModel | None = None) -> str | None:
     """Why runtime=auto runs eager for this run and model (None: it compiles). It compiles where the compiled
     runtime measured faster and its compile pays back: on a CPU with the packed kernel (AVX-512), whose compiled
-    SmolLM2-135M step took 21-25 ms against 55-73 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
+    SmolLM2-135M step took 21-25 ms against 55-61 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
     eager step takes a millisecond); and for outputs of at least AUTO_MIN_NEW_TOKENS tokens (a warm start loads the
-    graph in about 18 s, won back after some 400 tokens; docs/performance.md)."""
+    graph in 18-21 s, won back after some 400-500 tokens; docs/performance.md)."""
     from specdec.runtime.packed import unavailable_reason
 
     if not str(cfg.device).startswith("cpu"):
@@ -95,7 +95,7 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
     settings were checked with the config (check_runtime)."""
     runtime = cfg.runtime
-    if model is None or (draft and not runtime.drafts) or not compiles(cfg, None if draft else model):
+    if model is None or (draft and not runtime.drafts) or not compiles(cfg, model):
         return
     compile_model(model, **compile_settings(runtime))
     build_graphs(model)  # now, not in a timed pass
