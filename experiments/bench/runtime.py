@@ -41,13 +41,8 @@ from specdec.runtime.timing import pass_tokens, stopwatch
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
-from ..run.runtime import compile_settings
+from ..run.runtime import compile_settings, weight_bytes
 from .goals import runtime_goal_entries
-
-
-def weight_bytes(model: PreTrainedModel) -> int:
-    """Bytes of the parameters one forward reads (a tied output layer counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def memory_bound_ms(model: PreTrainedModel, repeats: int = 5) -> tuple[float, float]:

@@ -68,16 +68,20 @@ def auto_eager_reason(cfg: DictConfig, model: PreTrainedModel | None = None) -> 
 
     if not str(cfg.device).startswith("cpu"):
         return f"runtime=auto compiles on a CPU only (device={cfg.device})"
-    if unavailable_reason():
-        return f"runtime=auto compiles where the packed kernel runs, and {unavailable_reason()}"
+    if kernel := unavailable_reason():
+        return f"runtime=auto compiles where the packed kernel runs, and {kernel}"
     if not shutil.which(os.environ.get("CXX", "c++")):
         return "runtime=auto compiles with a C++ compiler, and none is on PATH (CXX or c++)"
     if cfg.max_new_tokens < AUTO_MIN_NEW_TOKENS:
         return f"max_new_tokens={cfg.max_new_tokens} is too few to pay a compile (runtime=auto: >= {AUTO_MIN_NEW_TOKENS})"
-    weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 if model is not None else None
-    if weights_mb is not None and weights_mb < AUTO_MIN_WEIGHTS_MB:
-        return f"{weights_mb:.1f} MB of weights is too small to pay a compile (runtime=auto: >= {AUTO_MIN_WEIGHTS_MB})"
+    if model is not None and (mb := weight_bytes(model) / 2**20) < AUTO_MIN_WEIGHTS_MB:
+        return f"{mb:.1f} MB of weights is too small to pay a compile (runtime=auto: >= {AUTO_MIN_WEIGHTS_MB})"
     return None
+
+
+def weight_bytes(model: PreTrainedModel) -> int:
+    """Bytes of the parameters one forward reads (a tied output layer counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def compiles(cfg: DictConfig, model: PreTrainedModel | None = None) -> bool:
