@@ -7,7 +7,9 @@
 // panel, which is then in the L2 cache, so the weights come from memory once whatever M is.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <immintrin.h>
 
 namespace {
