@@ -51,7 +51,7 @@ def compile_settings(runtime: DictConfig) -> dict:
     ones out)."""
     return {"widths": tuple(runtime.widths), "capacity": runtime.capacity, "autotune": runtime.autotune,
             "packed_rows": packed_rows(runtime), "cpp_wrapper": runtime.get("cpp_wrapper", False),
-            "window": runtime.get("window", WINDOW)}
+            "window": runtime.get("window", WINDOW), "cuda_graphs": runtime.get("cuda_graphs", True)}
 
 
 AUTO_MIN_NEW_TOKENS = 32  # runtime=auto compiles for runs of at least this many new tokens per prompt

@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import GROUPED, shipped_attention, use_grouped_attention
+from .graphs import CudaGraphs
 from .inductor import allow_graphs, cpu_options, cuda_options, inductor_settings, use_inductor_cache
 from .masks import MASKED_BACKENDS
 
@@ -74,14 +75,15 @@ class CompiledForward:
     """model(input_ids, position_ids, 4D mask, cache) under torch.compile, one graph per (rows, width bucket).
 
     widths: the buckets; capacity: cache slots per row; autotune: inductor's max_autotune (the C++ GEMM template
-    on a CPU, Triton's on a GPU); cpp_wrapper: on a CPU, the graph's calls in C++ (cpu_options); window: attention
+    on a CPU, Triton's on a GPU); cpp_wrapper: on a CPU, the graph's calls in C++ (cpu_options); cuda_graphs: on a
+    GPU, passes replayed as CUDA graphs (specdec.runtime.graphs); window: attention
     reads the slots in use rounded up to a multiple of this (0: the whole buffer; see `window`). pass_ms (width ->
     measured ms, filled by the caller) makes `bucket` pick the cheapest bucket that holds a pass instead of the
     smallest.
     """
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW):
+                 autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.pass_ms: dict[int, float] = {}
@@ -94,6 +96,7 @@ class CompiledForward:
         allow_graphs(256)
         self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
+        self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's logits (B, n, V) and last hidden states (B, n, d) for tokens (B, n) at positions (B, n),
@@ -138,7 +141,7 @@ class CompiledForward:
             if seen in self.seen:
                 try:
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                        return self.compiled(*inputs)
+                        return (self.graphs or self.compiled)(*inputs)
                 except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
                     if "skip_guard_eval_unsafe" not in str(error):
                         raise
@@ -233,12 +236,13 @@ def graphs_built() -> int:
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
-                  cpp_wrapper: bool = False, window: int = WINDOW) -> CompiledForward:
+                  cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
     the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not.
-    window: attention's window of the cache (CompiledForward.window; 0: every slot)."""
+    window: attention's window of the cache (CompiledForward.window; 0: every slot). cuda_graphs: on a GPU, a pass
+    seen before on a cache replays as a CUDA graph (specdec.runtime.graphs)."""
     check_compilable(model)
     if use_grouped_attention(model):
         log.info("%s: attention reads each key/value head in place%s", type(model).__name__,
@@ -246,7 +250,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()
-    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window)
+    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs)
     return RUNTIMES[model]
 
 

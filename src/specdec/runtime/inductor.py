@@ -24,8 +24,9 @@ def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
 
 
 def cuda_options(autotune: bool) -> dict[str, object]:
-    """Inductor settings on a GPU: frozen weights and CUDA graphs (what mode="reduce-overhead" turns on)."""
-    return {"freezing": True, "triton.cudagraphs": True, "max_autotune": autotune}
+    """Inductor settings on a GPU: frozen weights, and none of inductor's CUDA graphs (mode="reduce-overhead"): they
+    skip a graph that writes its inputs, as every pass writes the cache; specdec.runtime.graphs records passes."""
+    return {"freezing": True, "triton.cudagraphs": False, "max_autotune": autotune}
 
 
 def inductor_settings(options: dict[str, object]):
