@@ -16,6 +16,7 @@ from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue, sequence
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
 from specdec.exact import sequence_distribution
+from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
@@ -58,8 +59,10 @@ def test_compiled_greedy_on_the_gpu_equals_hf_greedy(arch):
     target, draft = pair_on_gpu(arch)
     compile_model(target, widths=(1, 2, 4), capacity=64, autotune=False)
     sequence = greedy_equals_hf_greedy(target, draft)
-    record = compiled_forward(target).record
+    record, graphs = compiled_forward(target).record, compiled_forward(target).graphs
     assert record.seconds and record.eager_reason is None  # it did run compiled graphs
+    if CUDA == "cuda":  # and replayed most passes as CUDA graphs
+        assert graphs.failed is None and graphs.replayed > graphs.recorded > 0
     worst = largest_logit_difference(target, sequence)
     print(f"{arch}: largest |compiled - eager| logit on the GPU: {worst:.2e}")
     assert worst < 1e-3
@@ -86,3 +89,32 @@ def test_speculative_sampling_on_the_gpu_keeps_the_target_distribution(compiled)
         eager_model(model)
     assert chi_square_pvalue(counts, sequence_distribution(target.cpu(), prompt.cpu(), n, sampling)) > PASS
     assert chi_square_pvalue(counts, sequence_distribution(draft.cpu(), prompt.cpu(), n, sampling)) < REJECT
+
+
+@pytest.mark.skipif(CUDA != "cuda", reason="CUDA graphs need a CUDA device")
+def test_two_caches_of_one_model_replay_their_own_cuda_graphs():
+    """Passes of two caches of one compiled model, interleaved and replayed as CUDA graphs: each cache gets the
+    logits it gets alone without CUDA graphs (a recording reads and writes its own cache's buffers)."""
+    model = tiny_model("llama", seed=0, scale=20.0).to(CUDA)
+    runtime = compile_model(model, widths=(1, 2, 4), capacity=64, autotune=False)
+    graphs, prompts = runtime.graphs, [torch.tensor([[5, 9, 2, 7]]), torch.tensor([[3, 3, 8, 1, 6]])]
+    runtime.graphs = None
+    alone = [one_token_steps(CachedLM(model), [lm_prompt.to(CUDA)], 6)[0] for lm_prompt in prompts]
+    runtime.graphs = graphs
+    together = one_token_steps(*zip(*[(CachedLM(model), prompt.to(CUDA)) for prompt in prompts]), 6)
+    eager_model(model)
+    for mine, theirs in zip(together, alone):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert graphs.failed is None and graphs.replayed >= 2 * 4
+
+
+def one_token_steps(lms, prompts, steps: int) -> list[list[torch.Tensor]]:
+    """Each lm takes its prompt, then `steps` one-token passes, the lms taking turns; each lm's logits per pass."""
+    lms = lms if isinstance(lms, (list, tuple)) else [lms]
+    for lm, prompt in zip(lms, prompts):
+        lm.forward(prompt)
+    logits = [[] for _ in lms]
+    for step in range(steps):
+        for i, lm in enumerate(lms):
+            logits[i].append(lm.forward(torch.tensor([[step + 1]], device=CUDA)))
+    return logits

@@ -120,10 +120,18 @@ class CudaGraphs:
         return out
 
     def record(self, small: tuple, cache) -> Recording:
-        """Record the pass on `cache` with input tensors of its own (nothing runs while recording)."""
+        """Record the pass on `cache` with input tensors of its own (nothing runs while recording). The graph API's
+        context manager is not used: it empties the allocator's cache at every recording, and a model records for
+        every new cache."""
         static = [static_copy(x) for x in small]
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            outputs = self.forward(*static, cache)
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                outputs = self.forward(*static, cache)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(self.stream)
         return Recording(graph, static, tuple(outputs))
