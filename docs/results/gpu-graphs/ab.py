@@ -86,12 +86,15 @@ def main() -> None:
     for _ in range(2):  # the second call: the first initialises the device's libraries
         hf = timed(lambda: target.generate(prompt, max_new_tokens=args.new_tokens, do_sample=False), device)
     result["hf_generate_eager_tokens_per_second"] = (hf[0].shape[1] - prompt.shape[1]) / hf[1]
+    print(f"loaded in {result['load_seconds']:.1f} s; HF eager generate "
+          f"{result['hf_generate_eager_tokens_per_second']:.1f} tok/s", flush=True)
     models, saved = tuple(m for m in (target, draft) if m is not None), {}
     for model in models:
         compile_model(model, widths=(1, 8), capacity=512, autotune=False)
         start = time.perf_counter()
         build_graphs(model)
         result.setdefault("compile_seconds", []).append(time.perf_counter() - start)
+        print(f"compiled in {result['compile_seconds'][-1]:.1f} s", flush=True)
     rows: dict[str, dict[str, list]] = {mode: {"ar": [], "spec": [], "spec_self": [], "passes": []} for mode in MODES}
     outputs: dict[str, dict[str, torch.Tensor]] = {}
     for round_ in range(args.rounds):
@@ -109,6 +112,8 @@ def main() -> None:
                                  device)  # the target drafts for itself, on a second cache of the same model
             rows[mode]["spec_self"].append(args.new_tokens / seconds)
             rows[mode]["passes"].append(pass_ms(target, device, args.context, range(1, 9), 5))
+            print(round_, mode, {key: [round(x, 2) if isinstance(x, float) else x for x in values[-1:]]
+                                 for key, values in rows[mode].items() if isinstance(values, list)}, flush=True)
             outputs.setdefault(mode, {"ar": ar.tokens, "spec": spec.tokens, "spec_self": own.tokens})
             rows[mode].setdefault("acceptance", {"spec": spec.stats.acceptance_rate,
                                                  "spec_self": own.stats.acceptance_rate})

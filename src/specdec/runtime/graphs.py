@@ -14,8 +14,8 @@ cache, held as the model's buffers, keeps its addresses fixed):
   the addresses of the cache's buffers, so a cache that reallocates (it grew, or its rows changed) records afresh,
   and two caches of one model never replay each other's passes.
 
-Recordings of one runtime share one memory pool for their intermediates: passes run one after another on one stream,
-and each recording's outputs stay allocated while it lives.
+Recordings of one runtime share one memory pool (shared_pool) for their intermediates: passes run one after another on
+one stream, and each recording's outputs stay allocated while it lives.
 """
 
 from __future__ import annotations
@@ -125,13 +125,22 @@ class CudaGraphs:
         every new cache."""
         static = [static_copy(x) for x in small]
         graph = torch.cuda.CUDAGraph()
-        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        self.pool = self.pool or shared_pool()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=self.pool)
+            graph.capture_begin(**({"pool": self.pool.id} if self.pool else {}))
             try:
                 outputs = self.forward(*static, cache)
             finally:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(self.stream)
         return Recording(graph, static, tuple(outputs))
+
+
+def shared_pool():
+    """A memory pool for recordings that lives as long as the runtime (torch.cuda.MemPool), or None where torch has
+    none (each recording then has a pool of its own). A pool handle alone (torch.cuda.graph_pool_handle) is not
+    enough: once every recording made in it is gone (their caches were dropped), recording into it again fails an
+    assertion of the CUDA caching allocator (measured on torch 2.11)."""
+    pool = getattr(torch.cuda, "MemPool", None)
+    return pool() if pool is not None else None
