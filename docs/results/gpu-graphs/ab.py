@@ -134,6 +134,8 @@ def main() -> None:
     result["recorded"] = [g.recorded if g else None for g in graphs]
     result["replayed"] = [g.replayed if g else None for g in graphs]
     result["failed"] = [g.failed if g else None for g in graphs]
+    if device.startswith("cuda"):
+        result["cuda_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
     result["same_tokens_on_and_off"] = {kind: bool(torch.equal(outputs["on"][kind], outputs["off"][kind]))
                                         for kind in ("ar", "spec", "spec_self")}
     result["speculative_equals_target_only"] = {mode: {kind: bool(torch.equal(outputs[mode]["ar"], outputs[mode][kind]))

@@ -14,8 +14,8 @@ cache, held as the model's buffers, keeps its addresses fixed):
   the addresses of the cache's buffers, so a cache that reallocates (it grew, or its rows changed) records afresh,
   and two caches of one model never replay each other's passes.
 
-Recordings of one runtime share one memory pool (shared_pool) for their intermediates: passes run one after another on
-one stream, and each recording's outputs stay allocated while it lives.
+Each recording keeps its intermediates in a memory pool of its own (a pass's activations and outputs), freed with it. Sharing one pool between recordings would save that, but a pool that every recording
+made in it has left cannot be recorded into again (the CUDA caching allocator asserts so, measured on torch 2.11).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class CudaGraphs:
         self.by_cache: WeakKeyDictionary = WeakKeyDictionary()  # cache -> {signature: Recording}
         self.recorded = self.replayed = 0
         self.failed: str | None = None  # why recording stopped (the passes then run without graphs)
-        self.stream = self.pool = None
+        self.stream = None
 
     def __call__(self, *inputs):
         *small, cache = inputs
@@ -125,10 +125,9 @@ class CudaGraphs:
         every new cache."""
         static = [static_copy(x) for x in small]
         graph = torch.cuda.CUDAGraph()
-        self.pool = self.pool or shared_pool()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(**({"pool": self.pool.id} if self.pool else {}))
+            graph.capture_begin()  # a memory pool of its own, freed with it
             try:
                 outputs = self.forward(*static, cache)
             finally:
@@ -136,11 +135,3 @@ class CudaGraphs:
         torch.cuda.current_stream().wait_stream(self.stream)
         return Recording(graph, static, tuple(outputs))
 
-
-def shared_pool():
-    """A memory pool for recordings that lives as long as the runtime (torch.cuda.MemPool), or None where torch has
-    none (each recording then has a pool of its own). A pool handle alone (torch.cuda.graph_pool_handle) is not
-    enough: once every recording made in it is gone (their caches were dropped), recording into it again fails an
-    assertion of the CUDA caching allocator (measured on torch 2.11)."""
-    pool = getattr(torch.cuda, "MemPool", None)
-    return pool() if pool is not None else None
