@@ -11,13 +11,16 @@ import torch
 def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
     """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
 
-    cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5 ms less a SmolLM2-135M pass.
+    cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5-4 ms less a SmolLM2-135M pass. Its
+    entry function and its kernels compile as separate units (cpp_wrapper_build_separate): a cold compile of
+    `make run`'s graph took 70 s that way against 96 s as one unit, and its passes were no slower
+    (docs/results/compile-profile).
 
     autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
     compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
     one never reaches inductor's disk cache (CompileRecord counts such graphs as bypassed).
     """
-    wrapper = {"cpp_wrapper": True} if cpp_wrapper else {}
+    wrapper = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True} if cpp_wrapper else {}
     if autotune:
         return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} | wrapper
     return {"freezing": True, "cpp.weight_prepack": False} | wrapper
