@@ -10,11 +10,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-all test-gpu bench lab lint train-draft
 
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml  # torch and the package in one pip call (one resolution)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install "$(TORCH)"
-	$(BIN)/pip install -e ".[experiments]"
+	$(BIN)/pip install "$(TORCH)" -e ".[experiments]"
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP)
