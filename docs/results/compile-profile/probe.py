@@ -14,11 +14,11 @@ import time
 
 variant, cache = sys.argv[1], sys.argv[2]
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(2)
-from specdec.runtime.compiled import build_graphs, compile_model, time_buckets  # noqa: E402
-from specdec.runtime.models import load_model  # noqa: E402
+from specdec.runtime.compiled import build_graphs, compile_model, time_buckets
+from specdec.runtime.models import load_model
 
 model = load_model("offline:smollm2-135m-instruct")
 options = {"cpp": {"cpp_wrapper": True}, "python": {"cpp_wrapper": False},

@@ -45,8 +45,8 @@ def main() -> None:
         for name, lm in lms.items():
             runtime.graphs = graphs if name == "on" else None
             logits[name] = lm.forward(token)[0, -1].float()
-        for name in worst:
-            worst[name] = max(worst[name], (logits[name] - logits["off"]).abs().max().item())
+        for name, so_far in worst.items():
+            worst[name] = max(so_far, (logits[name] - logits["off"]).abs().max().item())
             argmax_differs[name] += int(logits[name].argmax() != logits["off"].argmax())
         top2 = logits["off"].topk(2).values
         token = logits["off"].argmax().view(1, 1)
@@ -54,7 +54,8 @@ def main() -> None:
               "replayed": graphs.replayed if graphs else None, "largest_logit_difference_from_off": worst,
               "steps_whose_argmax_differs": argmax_differs, "last_top2_margin": (top2[0] - top2[1]).item(),
               "logit_scale": logits["off"].abs().max().item()}
-    json.dump(result, open(args.out, "w"), indent=1)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))
 
 
