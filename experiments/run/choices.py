@@ -73,7 +73,16 @@ def runtime_markdown(runtimes: dict[str, CompiledForward]) -> str:
         rows.append([role, r.eager_reason and f"eager ({r.eager_reason})" or "compiled", shapes or "-",
                      cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache, timed])
     header = ["model", "runs", "graphs (rows x width)", "compile s", "inductor disk cache", "pass ms by bucket"]
-    return f"Runtime: compiled (specdec.runtime.compiled).\n\n{markdown_table(header, rows)}\n"
+    notes = "".join(f"\n{role}: CUDA graphs, {g['recorded']} passes recorded, {g['replayed']} replayed"
+                    + (f" (recording stopped: {g['failed']})" if g["failed"] else "") + "\n"
+                    for role, runtime in runtimes.items() if (g := cuda_graphs(runtime)))
+    return f"Runtime: compiled (specdec.runtime.compiled).\n\n{markdown_table(header, rows)}\n{notes}"
+
+
+def cuda_graphs(runtime: CompiledForward) -> dict | None:
+    """On a GPU: how many passes were recorded as CUDA graphs and replayed (specdec.runtime.graphs); else None."""
+    graphs = runtime.graphs
+    return graphs and {"recorded": graphs.recorded, "replayed": graphs.replayed, "failed": graphs.failed}
 
 
 def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
@@ -84,7 +93,7 @@ def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     write_json(run_dir / "runtime.json", {
         role: {**asdict(r.record), "seconds": {f"{b}x{w}": s for (b, w), s in r.record.seconds.items()},
                "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths),
-               "pass_ms": r.pass_ms}
+               "pass_ms": r.pass_ms, "cuda_graphs": cuda_graphs(r)}
         for role, r in runtimes.items()})
 
 
