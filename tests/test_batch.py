@@ -224,3 +224,18 @@ def test_a_draft_reading_the_targets_cache_reads_it_and_stays_exact():
     other = ModelDrafter(tiny_model("llama", n_layers=3), reads_target_cache=True)  # other shapes: its own
     speculative_generate(target, other, PROMPTS, k=3, sampling=GREEDY, max_new_tokens=4)
     assert other.target is None
+
+
+def test_a_rows_latency_is_at_most_the_calls_total():
+    """The loop state's clock starts just before the caller's stopwatch: a row's latency, measured from the former,
+    is reported as at most the call's total (a row cannot end after the call)."""
+    from specdec.metrics import Stats
+    from specdec.state import Batch
+    from specdec.stopping import EosSet
+
+    state = Batch([torch.tensor([[1, 2]]), torch.tensor([[3]])], 4, EosSet(None), torch.device("cpu"))
+    state.latency = [0.5000021, 0.2]
+    stats = Stats()
+    stats.seconds["total"] = 0.5
+    out = state.result(stats)
+    assert out.latency == [0.5, 0.2] and [row.seconds["total"] for row in out.rows] == [0.5, 0.2]

@@ -119,7 +119,10 @@ class Batch:
 
     def result(self, stats: Stats) -> Generation:
         """The finished batch: counts summed over rows, each row's latency and emitted tokens (the round's host
-        syncs for the overlaps happen here, once)."""
+        syncs for the overlaps happen here, once). A row's latency is at most the call's total: this state's clock
+        starts a few microseconds before the caller's stopwatch does."""
+        total = stats.seconds.get("total", float("inf"))
+        self.latency = [min(seconds, total) for seconds in self.latency]
         for b, row in enumerate(self.stats):
             row.emitted = self.emitted(b)
             row.overlap_sum = float(self.overlaps[b])
