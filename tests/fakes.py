@@ -92,3 +92,15 @@ def largest_logit_difference(model, ids: torch.Tensor) -> float:
         chunk = ids[:, start:end]
         worst = max(worst, float((compiled.forward(chunk) - eager.forward(chunk)).abs().max()))
     return worst
+
+
+def one_token_steps(lms: list, prompts: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
+    """Each CachedLM takes its prompt (1, L), then `steps` one-token passes (tokens 1, 2, ...), the lms taking turns;
+    each lm's logits per pass. Two caches of one compiled model interleaved (tests/test_graphs.py, test_gpu.py)."""
+    for lm, prompt in zip(lms, prompts):
+        lm.forward(prompt.to(lm.device))
+    logits = [[] for _ in lms]
+    for step in range(steps):
+        for i, lm in enumerate(lms):
+            logits[i].append(lm.forward(torch.tensor([[step + 1]], device=lm.device)))
+    return logits

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from fakes import GREEDY_PROMPT, hf_greedy, largest_logit_difference
+from fakes import GREEDY_PROMPT, hf_greedy, largest_logit_difference, one_token_steps
 from goodness_of_fit import N_SAMPLES, PASS, REJECT, chi_square_pvalue, sequence_index
 
 from specdec import GREEDY, ModelDrafter, Sampling, autoregressive_generate, speculative_generate
@@ -99,22 +99,11 @@ def test_two_caches_of_one_model_replay_their_own_cuda_graphs():
     runtime = compile_model(model, widths=(1, 2, 4), capacity=64, autotune=False)
     graphs, prompts = runtime.graphs, [torch.tensor([[5, 9, 2, 7]]), torch.tensor([[3, 3, 8, 1, 6]])]
     runtime.graphs = None
-    alone = [one_token_steps(CachedLM(model), [lm_prompt.to(CUDA)], 6)[0] for lm_prompt in prompts]
+    alone = [one_token_steps([CachedLM(model)], [prompt], 6)[0] for prompt in prompts]
     runtime.graphs = graphs
-    together = one_token_steps(*zip(*[(CachedLM(model), prompt.to(CUDA)) for prompt in prompts]), 6)
+    together = one_token_steps([CachedLM(model) for _ in prompts], prompts, 6)
     eager_model(model)
     for mine, theirs in zip(together, alone):
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
     assert graphs.failed is None and graphs.replayed >= 2 * 4
 
-
-def one_token_steps(lms, prompts, steps: int) -> list[list[torch.Tensor]]:
-    """Each lm takes its prompt, then `steps` one-token passes, the lms taking turns; each lm's logits per pass."""
-    lms = lms if isinstance(lms, (list, tuple)) else [lms]
-    for lm, prompt in zip(lms, prompts):
-        lm.forward(prompt)
-    logits = [[] for _ in lms]
-    for step in range(steps):
-        for i, lm in enumerate(lms):
-            logits[i].append(lm.forward(torch.tensor([[step + 1]], device=CUDA)))
-    return logits

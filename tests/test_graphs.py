@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 import torch
-from fakes import GREEDY_PROMPT
+from fakes import GREEDY_PROMPT, one_token_steps
 
 from experiments.run.choices import runtime_markdown
 from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
@@ -88,28 +88,18 @@ def test_each_cache_replays_its_own_recordings(target):
     prompts = [torch.tensor([[5, 9, 2, 7]]), torch.tensor([[3, 3, 8, 1, 6]])]
     runtime = compiled_forward(model)
     runtime.graphs = None  # each alone, without recordings
-    alone = [passes(CachedLM(model), prompt) for prompt in prompts]
+    alone = [one_token_steps([CachedLM(model)], [prompt], 6)[0] for prompt in prompts]
     runtime.graphs = graphs
     first, second = CachedLM(model), CachedLM(model)
-    for lm, prompt in zip((first, second), prompts):
-        lm.forward(prompt)
-    together = [[], []]
-    for step in range(6):
-        for i, lm in enumerate((first, second)):
-            together[i].append(lm.forward(torch.tensor([[step + 1]])))
+    together = one_token_steps([first, second], prompts, 6)
     for mine, theirs in zip(together, alone):
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
     gc.collect()
     held, caches = len(graphs.by_cache), [weakref.ref(lm.cache) for lm in (first, second)]
     assert all(cache() in graphs.by_cache for cache in caches)
-    del first, second, lm
+    del first, second
     gc.collect()
     assert all(cache() is None for cache in caches) and len(graphs.by_cache) == held - 2
-
-
-def passes(lm: CachedLM, prompt: torch.Tensor) -> list[torch.Tensor]:
-    lm.forward(prompt)
-    return [lm.forward(torch.tensor([[step + 1]])) for step in range(6)]
 
 
 def test_a_cache_that_reallocates_records_again(target):

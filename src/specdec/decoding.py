@@ -158,13 +158,14 @@ def decode(
     check_rows(drafter, len(prompts))
     lm = target_cache(target, cache)
     vocab = min(lm.vocab_size, drafter.vocab_size or lm.vocab_size)
-    state = Batch(prompts, max_new_tokens, EosSet(eos_token_id), lm.device)
     stats = Stats()
     clock = rule.clock or time.perf_counter
     sync = lm.device if (phase_times or rule.clock is not None) else None
     threads = torch.get_num_threads()
     try:
         with stopwatch(stats.seconds, "total", lm.device):
+            state = Batch(prompts, max_new_tokens, EosSet(eos_token_id), lm.device)  # its clock (each row's
+            # latency) starts inside the total's, so no row ends after the call
             with stopwatch(stats.seconds, "prefill", lm.device):
                 prefill(lm, drafter, state.tokens)
             while state.active:

@@ -56,7 +56,8 @@ class Batch:
         self.ended = [False] * len(prompts)
         self.order = list(range(len(prompts)))
         self.start = time.perf_counter()
-        self.latency = [0.0] * len(prompts)  # seconds from the call's start to the row's last token
+        self.latency = [0.0] * len(prompts)  # seconds from here to the row's last token (a loop makes its state
+        # inside its total's stopwatch, so that no row ends after the call)
         self.stats = [Stats() for _ in prompts]  # each row's own counts
         self.overlaps = [torch.zeros((), device=device) for _ in prompts]  # each row's sum of beta, on the device
 
@@ -119,10 +120,7 @@ class Batch:
 
     def result(self, stats: Stats) -> Generation:
         """The finished batch: counts summed over rows, each row's latency and emitted tokens (the round's host
-        syncs for the overlaps happen here, once). A row's latency is at most the call's total: this state's clock
-        starts a few microseconds before the caller's stopwatch does."""
-        total = stats.seconds.get("total", float("inf"))
-        self.latency = [min(seconds, total) for seconds in self.latency]
+        syncs for the overlaps happen here, once)."""
         for b, row in enumerate(self.stats):
             row.emitted = self.emitted(b)
             row.overlap_sum = float(self.overlaps[b])
