@@ -96,6 +96,7 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
     runtime = compiled_forward(target)
     assert runtime.record.eager_reason is None and (1, 4) in runtime.record.seconds
     assert any(isinstance(m, PackedLinear) for m in target.modules())
+    assert runtime.options["freezing"] is False  # every linear packed: weights stay inputs (AOTAutograd's cache)
 
 
 def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog):
@@ -107,6 +108,7 @@ def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog)
         compile_model(target, widths=(1, 2), capacity=32, packed_rows=(1, 8))
     assert "needs AVX-512 (this CPU: AVX2)" in caplog.text
     assert not any(isinstance(m, PackedLinear) for m in target.modules())
+    assert compiled_forward(target).options["freezing"] is True  # inductor's linears: frozen weights
 
 
 def test_the_build_finds_ninja_without_an_activated_venv(monkeypatch):

@@ -33,6 +33,7 @@ from .attention import GROUPED, shipped_attention, use_grouped_attention
 from .graphs import CudaGraphs
 from .inductor import allow_graphs, cpu_options, cuda_options, inductor_settings, use_inductor_cache
 from .masks import MASKED_BACKENDS
+from .packed import all_packed
 
 log = logging.getLogger(__name__)
 PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured at least this much cheaper
@@ -92,7 +93,8 @@ class CompiledForward:
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         self.window_slots = window if attention == GROUPED else 0  # GROUPED attention reads the mask's window only
         cuda = model.device.type == "cuda"
-        options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper)
+        frozen = not all_packed(model)  # packed linears read their panels, not frozen weights (cpu_options)
+        options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper, frozen)
         allow_graphs(256)
         self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
         self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
@@ -133,7 +135,7 @@ class CompiledForward:
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Inputs of shapes seen
         before check only the guards that tell graphs apart (which model, which shape), not the hundreds on the
-        model's modules (about 1.5 ms a SmolLM2-135M pass); its weights are frozen into the graphs."""
+        model's modules (about 1.5 ms a SmolLM2-135M pass)."""
         shape = tuple(inputs[0].shape)
         seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
                      for x in inputs)  # tensor shapes, the cache's capacity

@@ -8,8 +8,14 @@ import os
 import torch
 
 
-def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
-    """Inductor settings on a CPU: frozen weights (constants the compiler folds and lays out).
+def cpu_options(autotune: bool, cpp_wrapper: bool = False, frozen: bool = True) -> dict[str, object]:
+    """Inductor settings on a CPU.
+
+    frozen: the weights become constants the compiler folds and lays out (inductor's freezing). The C++ GEMM
+    template needs it. Where every linear runs on the packed kernel (specdec.runtime.packed) it buys nothing: a graph
+    with frozen weights is one that AOTAutograd's disk cache refuses, so a warm start builds that stage again. On
+    `make run`'s profile a warm start took 7-9 s unfrozen against 20-43 s frozen, and an 8-token pass 43.9 ms
+    against 42.8 ms (docs/performance.md, "What a warm start spends").
 
     cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5-4 ms less a SmolLM2-135M pass. Its
     entry function and its kernels compile as separate units (cpp_wrapper_build_separate): a cold compile of
@@ -17,13 +23,14 @@ def cpu_options(autotune: bool, cpp_wrapper: bool = False) -> dict[str, object]:
     (docs/results/compile-profile).
 
     autotune: max_autotune with inductor's C++ GEMM template next to ATen's kernels (benchmarked per GEMM shape at
-    compile time). Without it, MKLDNN weight prepacking is off: MKLDNN tensors cannot be pickled, and a graph holding
-    one never reaches inductor's disk cache (CompileRecord counts such graphs as bypassed).
+    compile time), on frozen weights whatever `frozen` says. Without it, MKLDNN weight prepacking is off: MKLDNN
+    tensors cannot be pickled, and a graph holding one never reaches inductor's disk cache (CompileRecord counts such
+    graphs as bypassed).
     """
     wrapper = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True} if cpp_wrapper else {}
     if autotune:
         return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} | wrapper
-    return {"freezing": True, "cpp.weight_prepack": False} | wrapper
+    return {"freezing": frozen, "cpp.weight_prepack": False} | wrapper
 
 
 def cuda_options(autotune: bool) -> dict[str, object]:

@@ -99,6 +99,12 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
     return len(swaps)
 
 
+def all_packed(model: torch.nn.Module) -> bool:
+    """Whether `model` has packed linears and no nn.Linear besides (so no linear needs frozen weights)."""
+    kinds = {type(module) for module in model.modules()}
+    return PackedLinear in kinds and torch.nn.Linear not in kinds
+
+
 def unpack_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, PackedLinear]]:
     """Give every PackedLinear of `model` back its nn.Linear (in place); returns (parent, name, PackedLinear) of
     each, for repack_linears."""
