@@ -63,7 +63,7 @@ def auto_eager_reason(cfg: DictConfig, model: PreTrainedModel | None = None) -> 
     runtime measured faster and its compile pays back: on a CPU with the packed kernel (AVX-512), whose compiled
     SmolLM2-135M step took 21-25 ms against 55-61 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
     eager step takes a millisecond); and for outputs of at least AUTO_MIN_NEW_TOKENS tokens (a warm start loads the
-    graph in 9-11 s; docs/performance.md)."""
+    graph in 10-13 s; docs/performance.md)."""
     from specdec.runtime.packed import unavailable_reason
 
     if not str(cfg.device).startswith("cpu"):

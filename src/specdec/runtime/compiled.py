@@ -13,9 +13,9 @@ GEMM template with frozen weights does. Three things make the forward compilable
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
-the first process on a machine pays the compile, later ones load it (and still trace the model: a sixth of the
-cold time where every linear is packed and the weights stay inputs, cpu_options; docs/performance.md). A model that does not compile (an architecture, a quantized
-layer) runs eager, with one logged line saying why.
+the first process on a machine pays the compile, later ones load it (and still trace the model: about a fifth of
+the cold time where every linear is packed and the weights stay inputs, cpu_options; docs/performance.md). A model
+that does not compile (an architecture, a quantized layer) runs eager, with one logged line saying why.
 """
 
 from __future__ import annotations
