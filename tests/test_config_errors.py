@@ -85,6 +85,7 @@ BAD = [
     (["runtime=compiled", "runtime.packed_rows=[5]"], "runtime.packed_rows must be null or \\[first, last\\]"),
     (["runtime=compiled", "runtime.packed_rows=[5,2]"], "runtime.packed_rows must be an integer >= 5"),
     (["runtime.name=aot"], "choices: eager, compiled, auto"),
+    (["runtime.step_graph=sometimes"], "choices: auto, always, never"),
 ]
 
 

@@ -19,6 +19,7 @@ from specdec.runtime.packed import (
     load_kernel,
     ninja_on_path,
     pack_linears,
+    row_cost,
     unavailable_reason,
     unpack_linears,
 )
@@ -97,6 +98,18 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
     assert runtime.record.eager_reason is None and (1, 4) in runtime.record.seconds
     assert any(isinstance(m, PackedLinear) for m in target.modules())
     assert runtime.options["freezing"] is False  # every linear packed: weights stay inputs (AOTAutograd's cache)
+
+
+@needs_avx512
+def test_row_cost_times_the_packed_linears_at_two_row_counts():
+    """The ratio of the packed linears' cost at 8 rows to one row (runtime.step_graph=auto reads it): a positive
+    number for a packed model; None where no packed linear takes that many rows, or the model has none."""
+    model = tiny_model("llama", seed=0)
+    pack_linears(model, (1, 8))
+    cost = row_cost(model, 8, repeats=3)
+    assert cost is not None and 0.2 < cost < 20
+    assert row_cost(model, 9) is None  # wider than the packed rows: those passes run F.linear
+    assert row_cost(tiny_model("llama", seed=0), 8) is None
 
 
 def test_without_avx512_the_runtime_keeps_inductors_linears(monkeypatch, caplog):

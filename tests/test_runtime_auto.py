@@ -4,8 +4,14 @@ with the reason said (experiments.run.runtime.auto_eager_reason)."""
 import pytest
 
 from experiments.run import runtime as run_runtime
-from experiments.run.runtime import AUTO_MIN_NEW_TOKENS, auto_eager_reason, compiles, on_runtime
-from specdec.runtime.compiled import compiled_forward, eager_model
+from experiments.run.runtime import (
+    AUTO_MIN_NEW_TOKENS,
+    add_step_graph,
+    auto_eager_reason,
+    compiles,
+    on_runtime,
+)
+from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
 from specdec.runtime.tiny import tiny_model
 
 
@@ -53,4 +59,23 @@ def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(make_
     monkeypatch.setattr(run_runtime, "AUTO_MIN_WEIGHTS_MB", 0)
     on_runtime(cfg, model)
     assert compiled_forward(model).widths == (8,)
+    eager_model(model)
+
+
+@pytest.mark.parametrize("mode, cost, widths", [
+    ("auto", 1.47, (1, 8)),  # an 8-row pass measured at 1.47 one-row passes (the 2-core Xeon): steps get their own graph
+    ("auto", 1.02, (8,)),  # 8 rows at one row's cost: steps pad to 8, one graph
+    ("auto", None, (8,)),  # no packed linears to measure
+    ("always", None, (1, 8)),
+    ("never", 3.0, (8,)),
+])  # fmt: skip
+def test_step_graph_adds_a_one_token_graph_where_the_wide_pass_costs_more(monkeypatch, caplog, mode, cost, widths):
+    model = tiny_model("llama", seed=0)
+    compiled = compile_model(model, widths=(8,), capacity=32)  # no graph is built before a pass runs
+    measured = []
+    monkeypatch.setattr(run_runtime, "row_cost", lambda m, rows: measured.append(rows) or cost)
+    with caplog.at_level("INFO", logger="experiments.run.runtime"):
+        add_step_graph(mode, compiled, model)
+    assert compiled.widths == widths and measured == ([8] if mode == "auto" else [])
+    assert ("runtime.step_graph=auto" in caplog.text) == (mode == "auto")
     eager_model(model)

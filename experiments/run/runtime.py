@@ -11,7 +11,15 @@ from omegaconf import DictConfig
 from transformers import PreTrainedModel
 
 from specdec.draft.head_runtime import compile_head
-from specdec.runtime.compiled import WINDOW, build_graphs, check_settings, compile_model, time_buckets
+from specdec.runtime.compiled import (
+    WINDOW,
+    CompiledForward,
+    build_graphs,
+    check_settings,
+    compile_model,
+    time_buckets,
+)
+from specdec.runtime.packed import row_cost
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
 from .schema import AUTO
@@ -64,7 +72,7 @@ def auto_eager_reason(cfg: DictConfig, model: PreTrainedModel | None = None) -> 
     SmolLM2-135M step took 21-25 ms against 55-61 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
     eager step takes a millisecond); and for outputs of at least AUTO_MIN_NEW_TOKENS tokens (a warm start loads the
     graph in 10-13 s; docs/performance.md)."""
-    from specdec.runtime.packed import unavailable_reason
+    from specdec.runtime.packed import unavailable_reason  # at call time (tests answer for this CPU)
 
     if not str(cfg.device).startswith("cpu"):
         return f"runtime=auto compiles on a CPU only (device={cfg.device})"
@@ -101,9 +109,34 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     runtime = cfg.runtime
     if model is None or (draft and not runtime.drafts) or not compiles(cfg, model):
         return
-    compile_model(model, **compile_settings(runtime))
+    add_step_graph(runtime.get("step_graph", NEVER), compile_model(model, **compile_settings(runtime)), model)
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
+
+
+STEP_GAIN = 1.15  # step_graph=auto adds a 1-token graph where a pass of the widest bucket costs this many steps or more
+NEVER, ALWAYS = "never", "always"
+
+
+def add_step_graph(mode: str, compiled: CompiledForward, model: PreTrainedModel) -> None:
+    """runtime.step_graph: a 1-token graph next to the profile's widths, so that a target step is not padded to a wide
+    bucket. always: whenever the widths lack one; never: the widths as given; auto: where the packed kernel's pass
+    of the widest bucket's rows measured at least STEP_GAIN times its one-row pass here (one logged line either
+    way). The packed kernel keeps 8 rows at one row's cost on a 2-core "AMD EPYC" (docs/performance.md), but not on
+    every CPU: on a 2-core Xeon an 8-row pass cost 1.47 steps, and `make run`'s target-only ran 1.5x faster with the
+    1-token graph."""
+    if mode == NEVER or compiled.eager or 1 in compiled.widths:
+        return
+    if mode != ALWAYS:
+        widest = max(compiled.widths)
+        cost = row_cost(model, widest)
+        if cost is None or cost < STEP_GAIN:
+            log.info("runtime.step_graph=auto: no 1-token graph (%s)", "no packed linears" if cost is None else
+                     f"the packed kernel's {widest}-row pass costs {cost:.2f} of its 1-row pass here")
+            return
+        log.info("runtime.step_graph=auto: a 1-token graph too, as the packed kernel's %d-row pass costs %.2f of its "
+                 "1-row pass here", widest, cost)
+    compiled.widths = (1, *compiled.widths)
 
 
 def drafter_on_runtime(cfg: DictConfig, drafter) -> None:

@@ -15,6 +15,8 @@ import functools
 import logging
 import os
 import shutil
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -97,6 +99,26 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, rows))
     return len(swaps)
+
+
+def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | None:
+    """What the model's packed linears cost at `rows` rows over their cost at one row: the median of `repeats`
+    interleaved rounds, each calling every packed linear of the model once on random inputs (None: the model has no
+    packed linear that takes `rows` rows). On the kernel's target a pass of up to 8 rows costs about one row's
+    read of the weights (1.0); where the cores run out of arithmetic first, more (docs/performance.md)."""
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m.rows[0] <= 1 and rows <= m.rows[1]]
+    if not linears:
+        return None
+    inputs = {(n, m.in_features): torch.randn(n, m.in_features) for n in (1, rows) for m in linears}
+    seconds: dict[int, list[float]] = {1: [], rows: []}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for n in (1, rows):
+                start = time.perf_counter()
+                for m in linears:
+                    torch.ops.specdec.packed_mm(inputs[n, m.in_features], m.packed, m.out_features)
+                seconds[n].append(time.perf_counter() - start)
+    return statistics.median(seconds[rows]) / statistics.median(seconds[1])
 
 
 def all_packed(model: torch.nn.Module) -> bool:
