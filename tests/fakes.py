@@ -86,7 +86,8 @@ def largest_logit_difference(model, ids: torch.Tensor) -> float:
     runtime = compiled_forward(model)
     eager_model(model)
     eager = CachedLM(model)
-    compile_model(model, widths=runtime.widths, capacity=runtime.capacity, autotune=False)
+    compile_model(model, widths=runtime.widths, capacity=runtime.capacity, autotune=False,
+                  dynamic_width=runtime.dynamic_width)
     worst = 0.0
     for start, end in ((0, 8), (8, 9), (9, 12), (12, 14)):
         chunk = ids[:, start:end]

@@ -31,9 +31,9 @@ from specdec.runtime.compiled import (
     compile_model,
     compiled_forward,
     eager_model,
-    graphs_built,
     time_buckets,
 )
+from specdec.runtime.inductor import graphs_built
 from specdec.runtime.models import dynamic_int8_copy
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass

@@ -59,7 +59,8 @@ def compile_settings(runtime: DictConfig) -> dict:
     ones out)."""
     return {"widths": tuple(runtime.widths), "capacity": runtime.capacity, "autotune": runtime.autotune,
             "packed_rows": packed_rows(runtime), "cpp_wrapper": runtime.get("cpp_wrapper", False),
-            "window": runtime.get("window", WINDOW), "cuda_graphs": runtime.get("cuda_graphs", True)}
+            "window": runtime.get("window", WINDOW), "cuda_graphs": runtime.get("cuda_graphs", True),
+            "dynamic_width": runtime.get("dynamic_width", False)}
 
 
 AUTO_MIN_NEW_TOKENS = 32  # runtime=auto compiles for runs of at least this many new tokens per prompt
@@ -125,7 +126,7 @@ def add_step_graph(mode: str, compiled: CompiledForward, model: PreTrainedModel)
     way). The packed kernel keeps 8 rows at one row's cost on a 2-core "AMD EPYC" (docs/performance.md), but not on
     every CPU: on a 2-core Xeon an 8-row pass cost 1.47 steps, and `make run`'s target-only ran 1.5x faster with the
     1-token graph."""
-    if mode == NEVER or compiled.eager or 1 in compiled.widths:
+    if mode == NEVER or compiled.eager or compiled.dynamic_width or 1 in compiled.widths:
         return
     if mode != ALWAYS:
         widest = max(compiled.widths)

@@ -119,6 +119,7 @@ class RuntimeConfig:
     cpp_wrapper: bool = False  # a CPU graph's calls in compiled C++, not Python
     cuda_graphs: bool = True  # on a GPU, a pass seen before on a cache replays as a CUDA graph
     step_graph: Any = choice(("auto", "always", "never"), default="never")  # a 1-token graph next to `widths`
+    dynamic_width: bool = False  # on a CPU, one graph per row count for every width up to the widest, unpadded
     window: Any = integer(0, default=64)  # attention reads the slots in use rounded up to this many (0: all)
     drafts: bool = False  # draft models run on it too (false: they stay eager)
     heads: bool = True  # trained draft heads' forwards run on it too (specdec.draft.head_runtime)

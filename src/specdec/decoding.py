@@ -39,7 +39,7 @@ from .draft.proposal import Draft, RowProposals
 from .draft.tree import prune_tree
 from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
-from .runtime.compiled import graphs_built
+from .runtime.inductor import graphs_built
 from .runtime.masks import check_tree_backend
 from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling

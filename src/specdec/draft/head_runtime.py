@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable, use_packed_kernel
+from ..runtime.compiled import CAPACITY, RUNTIMES, CompiledForward, check_compilable
 from ..runtime.inductor import use_inductor_cache
 from ..runtime.layers import slot_cache
 from ..runtime.masks import model_mask
+from ..runtime.packed import use_packed_kernel
 from .head import DraftHead
 
 HEAD_WIDTHS = (1, 2, 4)  # buckets: a drafting step reads one position, a catch-up the tokens accepted plus one

@@ -6,7 +6,8 @@ GEMM template with frozen weights does. Three things make the forward compilable
 - the cache is a SlotLayer buffer of fixed capacity written in place (its fill count is a tensor), so a forward's
   shapes do not change as the sequence grows;
 - every compiled pass has one of a few widths (buckets): a pass of n tokens is padded on the right with dead
-  queries to the cheapest bucket that holds it, and the padded slots are cropped afterwards;
+  queries to the cheapest bucket that holds it, and the padded slots are cropped afterwards; or, with dynamic_width
+  on a CPU, one graph takes every width up to the widest bucket as it is (the width an unbacked size);
 - the mask (from specdec.runtime.cached) covers a window of the buffer: the slots in use rounded up to a multiple
   of WINDOW (on a CPU; elsewhere the whole buffer), a dimension every graph takes as dynamic, so no graph depends on
   the cache's length, and attention reads only the window (specdec.runtime.attention).
@@ -31,9 +32,17 @@ from transformers import PreTrainedModel
 
 from .attention import GROUPED, shipped_attention, use_grouped_attention
 from .graphs import CudaGraphs
-from .inductor import allow_graphs, cpu_options, cuda_options, inductor_settings, use_inductor_cache
+from .inductor import (
+    allow_graphs,
+    cpu_options,
+    cuda_options,
+    dynamic_window,
+    inductor_settings,
+    mark_width,
+    use_inductor_cache,
+)
 from .masks import MASKED_BACKENDS
-from .packed import all_packed
+from .packed import all_packed, use_packed_kernel
 
 log = logging.getLogger(__name__)
 PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured at least this much cheaper
@@ -80,13 +89,16 @@ class CompiledForward:
     GPU, passes replayed as CUDA graphs (specdec.runtime.graphs); window: attention
     reads the slots in use rounded up to a multiple of this (0: the whole buffer; see `window`). pass_ms (width ->
     measured ms, filled by the caller) makes `bucket` pick the cheapest bucket that holds a pass instead of the
-    smallest.
+    smallest. dynamic_width: on a CPU, one graph per row count for every width up to the widest bucket, each pass at
+    its own width (mark_width), instead of one graph per bucket with passes padded to it.
     """
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
-                 autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True):
+                 autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
+                 dynamic_width: bool = False):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
+        self.dynamic_width = dynamic_width and model.device.type == "cpu"
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()
         self.seen: set[tuple] = set()  # input shapes (a cache: its capacity) of calls that ran, guards checked
@@ -121,6 +133,8 @@ class CompiledForward:
         fits = [w for w in self.widths if w >= width]
         if self.eager or not fits:
             return None
+        if self.dynamic_width:
+            return width
         cheapest = min(fits, key=lambda w: (self.pass_ms.get(w, float("inf")), w))
         own = self.pass_ms.get(fits[0], float("inf"))
         return cheapest if self.pass_ms.get(cheapest, float("inf")) < (1 - PAD_GAIN) * own else fits[0]
@@ -149,12 +163,16 @@ class CompiledForward:
                         raise
             if self.window_slots:  # a call that may compile: its graph takes the window as dynamic
                 dynamic_window(inputs[2], inputs[3].layers[0].capacity)
+            if self.dynamic_width:
+                mark_width(*inputs[:3], widest=max(self.widths))
             out = self.compiled(*inputs) if shape in self.record.seconds else self.first_call(shape, *inputs)
-            self.seen.update(() if self.eager else [seen])  # guards checked: a grown cache got its own graph
+            self.seen.update([seen] if shape in self.record.seconds else [])  # guards checked: a grown cache got
+            # its own graph
             return out
 
     def first_call(self, shape, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Compile (or load) the graph of this shape, timing it; on failure run eager from now on."""
+        """Compile (or load) the graph of this shape, timing it. On failure, run this pass eager, and from now on a
+        graph per bucket where one graph for every width failed (dynamic_width), else eager."""
         from torch._dynamo.utils import counters
 
         before = {key: counters["inductor"][f"fxgraph_cache_{key}"] for key in ("hit", "miss", "bypass")}
@@ -163,23 +181,20 @@ class CompiledForward:
             out = self.compiled(*inputs)
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            self.record.eager_reason = f"{type(error).__name__}: {reason}"[:300]
-            log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__,
-                        self.record.eager_reason)
+            reason = f"{type(error).__name__}: {reason}"[:300]
+            if self.dynamic_width:  # (Gemma 2's soft-capped attention, on torch 2.13)
+                self.dynamic_width = False
+                log.warning("%s: a graph per bucket, as one graph for every width failed (%s)",
+                            type(self.model).__name__, reason)
+                return self.run(*inputs)
+            self.record.eager_reason = reason
+            log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__, reason)
             return self.run(*inputs)  # tracing failed before anything ran
         self.record.seconds[shape] = time.perf_counter() - start
         self.record.cache_hits += counters["inductor"]["fxgraph_cache_hit"] - before["hit"]
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return out
-
-
-def dynamic_window(masks: torch.Tensor | dict[str, torch.Tensor], capacity: int) -> None:
-    """Mark every mask's key dimension (the window) dynamic, so that one graph serves every window, when the window
-    is narrower than the cache: traced at the full buffer, slicing it to the window would pin the two equal."""
-    for mask in masks.values() if isinstance(masks, dict) else [masks]:
-        if mask.shape[-1] < capacity:
-            torch._dynamo.mark_dynamic(mask, mask.dim() - 1)
 
 
 RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads
@@ -227,24 +242,17 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     return runtime.pass_ms
 
 
-def graphs_built() -> int:
-    """Graphs dynamo traced so far in this process: compiled, loaded from the disk cache, or compiled again where a
-    guard failed (a graph holds for the thread count it was built at, among others). A pass during which this count
-    grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
-
-
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
-                  cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True) -> CompiledForward:
+                  cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
+                  dynamic_width: bool = False) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
     the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not.
     window: attention's window of the cache (CompiledForward.window; 0: every slot). cuda_graphs: on a GPU, a pass
-    seen before on a cache replays as a CUDA graph (specdec.runtime.graphs)."""
+    seen before on a cache replays as a CUDA graph (specdec.runtime.graphs). dynamic_width: on a CPU, one graph for
+    every width up to the widest (CompiledForward)."""
     check_compilable(model)
     if use_grouped_attention(model):
         log.info("%s: attention reads each key/value head in place%s", type(model).__name__,
@@ -252,21 +260,9 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()
-    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs)
+    RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
+                                      dynamic_width)
     return RUNTIMES[model]
-
-
-def use_packed_kernel(model: PreTrainedModel, rows: tuple[int, int]) -> None:
-    """Swap the model's float32 CPU linears for packed ones (specdec.runtime.packed), or say why not."""
-    from .packed import PackedLinear, pack_linears, unavailable_reason
-
-    reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
-    if reason:
-        log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
-        return
-    pack_linears(model, rows)
-    packed = sum(isinstance(module, PackedLinear) for module in model.modules())
-    log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__, packed, *rows)
 
 
 def compiled_forward(model: PreTrainedModel) -> CompiledForward | None:

@@ -1,5 +1,6 @@
 """Inductor's settings for the compiled runtime (specdec.runtime.compiled): what a CPU and a GPU compile with, how they
-reach inductor, how many graphs dynamo may keep, and where the compiled code is cached on disk."""
+reach inductor, how many graphs dynamo may keep, which input sizes a graph takes as symbols, and where the compiled
+code is cached on disk."""
 
 from __future__ import annotations
 
@@ -75,3 +76,29 @@ def use_inductor_cache() -> str:
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def dynamic_window(masks: torch.Tensor | dict[str, torch.Tensor], capacity: int) -> None:
+    """Mark every mask's key dimension (the window) dynamic, so that one graph serves every window, when the window
+    is narrower than the cache: traced at the full buffer, slicing it to the window would pin the two equal."""
+    for mask in masks.values() if isinstance(masks, dict) else [masks]:
+        if mask.shape[-1] < capacity:
+            torch._dynamo.mark_dynamic(mask, mask.dim() - 1)
+
+
+def mark_width(tokens: torch.Tensor, positions: torch.Tensor, masks, widest: int) -> None:
+    """Mark a pass's width (tokens and positions (B, n), masks (B, 1, n, K)) as one unbacked size of 1..widest,
+    so that the graph traced for it serves every width: a backed size would be specialized at 1 (a second graph for
+    the step) and its code would guard on the width it was traced at."""
+    for tensor, dim in [(tokens, 1), (positions, 1), *((m, 2) for m in (masks.values() if isinstance(masks, dict)
+                                                                         else [masks]))]:
+        torch._dynamo.decorators.mark_unbacked(tensor, dim, min=1, max=widest, shape_id="width")
+
+
+def graphs_built() -> int:
+    """Graphs dynamo traced so far in this process: compiled, loaded from the disk cache, or compiled again where a
+    guard failed (a graph holds for the thread count it was built at, among others). A pass during which this count
+    grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]

@@ -140,3 +140,14 @@ def repack_linears(swaps: list[tuple[torch.nn.Module, str, PackedLinear]]) -> No
     """Put back the PackedLinears unpack_linears took out."""
     for parent, name, child in swaps:
         setattr(parent, name, child)
+
+
+def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int]) -> None:
+    """Swap the model's float32 CPU linears for packed ones, or say why not."""
+    reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
+    if reason:
+        log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
+        return
+    pack_linears(model, rows)
+    packed = sum(isinstance(module, PackedLinear) for module in model.modules())
+    log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__, packed, *rows)

@@ -1,0 +1,110 @@
+"""runtime.dynamic_width: one compiled graph takes every pass width up to the widest bucket as it is (the width an
+unbacked size), instead of a graph per bucket with each pass padded to one. Same outputs as the eager runtime, one
+graph built, no pass padded."""
+
+import pytest
+import torch
+from fakes import GREEDY_PROMPT, hf_greedy, largest_logit_difference
+
+from experiments.run.runtime import add_step_graph
+from specdec import (
+    GREEDY,
+    ModelDrafter,
+    ModelTreeDrafter,
+    autoregressive_generate,
+    speculative_generate,
+    tree_generate,
+)
+from specdec.runtime.cached import CachedLM
+from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
+from specdec.runtime.inductor import graphs_built
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
+
+pytestmark = pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py
+N_NEW = 24
+BUCKETED = {"gemma2"}  # one graph for every width fails to lower (soft-capped attention): a graph per bucket
+
+
+def dynamic_tiny(arch: str, widest: int = 4):
+    model = tiny_model(arch, seed=0, scale=20.0)
+    compile_model(model, widths=(widest,), capacity=64, autotune=False, dynamic_width=True)
+    return model
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=[] if a == "llama" else pytest.mark.exhaustive)
+                                  for a in ARCHITECTURES])
+def test_dynamic_width_greedy_equals_eager_greedy(arch):
+    """Target-only steps and speculative passes of 1-4 tokens on one graph: HF's eager greedy output, logits equal
+    to the eager ones to float rounding."""
+    target = dynamic_tiny(arch)
+    expected = hf_greedy(target, GREEDY_PROMPT, N_NEW)
+    assert torch.equal(autoregressive_generate(target, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=N_NEW).tokens,
+                       expected)
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=3,
+                               sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, expected) and 0 < out.stats.acceptance_rate < 1
+    runtime = compiled_forward(target)
+    assert runtime.record.eager_reason is None and runtime.record.seconds
+    assert runtime.dynamic_width == (arch not in BUCKETED)
+    assert largest_logit_difference(target, torch.cat([GREEDY_PROMPT[0], expected])[None]) < 1e-4
+
+
+def test_one_graph_takes_every_width_unpadded(monkeypatch):
+    """Passes of 1, 2, 3 and 4 tokens each run at their own width (no padded slot) in the one graph built for the
+    first; a pass wider than the widest runs eager."""
+    target = dynamic_tiny("llama")
+    runtime = compiled_forward(target)
+    assert [runtime.bucket(w) for w in (1, 2, 3, 4, 5)] == [1, 2, 3, 4, None]
+    lm = CachedLM(target)
+    lm.forward(GREEDY_PROMPT[:, :3])  # into an empty cache: eager
+    graphs = graphs_built()
+    lm.forward(GREEDY_PROMPT[:, 3:5])
+    assert graphs_built() == graphs + 1
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
+    end = 5
+    for width in (1, 3, 4, 2, 1):
+        logits = lm.forward(GREEDY_PROMPT[:, end:end + width] if end + width <= 8 else GREEDY_PROMPT[:, :width])
+        end += width
+        assert logits.shape[1] == width and lm.slots == end
+        assert all(int(layer.filled) == end for layer in lm.cache.layers)  # no padded slot kept
+    assert graphs_built() == graphs + 1
+    assert lm.forward(GREEDY_PROMPT[:, :5]).shape[1] == 5  # wider than every bucket: eager, no graph
+    assert graphs_built() == graphs + 1
+    eager_model(target)
+
+
+@pytest.mark.exhaustive  # make test keeps one row's chain (above) and the buckets' batches (tests/test_compiled.py)
+def test_batches_and_trees_with_dynamic_width():
+    """Several rows (one graph per row count) and token trees (ancestry masks) at any width up to the widest."""
+    target = dynamic_tiny("llama")
+    draft = perturbed_copy(target, 0.15)
+    prompts = [GREEDY_PROMPT, GREEDY_PROMPT[:, :4]]
+    out = speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=GREEDY, max_new_tokens=12)
+    for prompt, tokens in zip(prompts, out.tokens):
+        assert torch.equal(tokens, hf_greedy(target, prompt, 12))
+    tree = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=2, nodes=3), GREEDY_PROMPT,
+                         sampling=GREEDY, max_new_tokens=12)
+    assert torch.equal(tree.tokens, hf_greedy(target, GREEDY_PROMPT, 12))
+    eager_model(target)
+
+
+@pytest.mark.exhaustive  # compiles a Gemma 2
+def test_where_one_graph_for_every_width_fails_a_graph_per_bucket_runs(caplog):
+    """Gemma 2 (torch 2.13): the first pass runs eager, later ones padded to the bucket's graph; one logged line."""
+    target = dynamic_tiny("gemma2")
+    expected = hf_greedy(target, GREEDY_PROMPT, 8)
+    with caplog.at_level("WARNING", logger="specdec.runtime.compiled"):
+        out = autoregressive_generate(target, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=8).tokens
+    runtime = compiled_forward(target)
+    assert torch.equal(out, expected) and not runtime.dynamic_width and not runtime.eager
+    assert set(runtime.record.seconds) == {(1, 4)}  # steps padded to the one bucket
+    assert [r.message for r in caplog.records if "a graph per bucket" in r.message] != []
+    eager_model(target)
+
+
+def test_no_step_graph_is_added_where_one_graph_takes_every_width():
+    model = tiny_model("llama", seed=0)
+    compiled = compile_model(model, widths=(8,), capacity=32, dynamic_width=True)  # nothing built before a pass
+    add_step_graph("always", compiled, model)
+    assert compiled.widths == (8,) and compiled.bucket(1) == 1
+    eager_model(model)
