@@ -62,13 +62,14 @@ def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Cali
 
 def runtime_markdown(runtimes: dict[str, CompiledForward]) -> str:
     """runtime=compiled: per model, its graphs' compile seconds, whether inductor's disk cache held them, or why the
-    model runs eager, and the ms of a pass in each width bucket as timed at load (a pass pads to the cheapest)."""
+    model runs eager, and the ms of a pass in each width bucket as timed at load (a pass pads to the cheapest). A
+    graph for every width up to the widest (dynamic_width) shows as rows x 1-widest."""
     rows = []
     for role, runtime in runtimes.items():
         r = runtime.record
         cache = ("warm" if r.warm else f"{r.cache_hits} loaded, {r.cache_misses} compiled, {r.cache_bypassed} "
                  "compiled and refused by the disk cache")
-        shapes = ", ".join(f"{rows}x{width}" for rows, width in r.seconds)
+        shapes = ", ".join(f"{rows}x{'1-' * runtime.dynamic_width}{width}" for rows, width in r.seconds)
         timed = ", ".join(f"{w}: {ms:.1f}" for w, ms in runtime.pass_ms.items()) or "-"
         rows.append([role, r.eager_reason and f"eager ({r.eager_reason})" or "compiled", shapes or "-",
                      cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache, timed])
@@ -93,6 +94,7 @@ def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     write_json(run_dir / "runtime.json", {
         role: {**asdict(r.record), "seconds": {f"{b}x{w}": s for (b, w), s in r.record.seconds.items()},
                "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths),
+               "dynamic_width": r.dynamic_width,
                "pass_ms": r.pass_ms, "cuda_graphs": cuda_graphs(r)}
         for role, r in runtimes.items()})
 

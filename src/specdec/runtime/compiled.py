@@ -147,10 +147,10 @@ class CompiledForward:
         return min(capacity, -(-slots // self.window_slots) * self.window_slots)
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width). Inputs of shapes seen
-        before check only the guards that tell graphs apart (which model, which shape), not the hundreds on the
-        model's modules (about 1.5 ms a SmolLM2-135M pass)."""
-        shape = tuple(inputs[0].shape)
+        """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width; rows and the widest
+        bucket with dynamic_width). Inputs of shapes seen before check only the guards that tell graphs apart (which
+        model, which shape), not the hundreds on the model's modules (about 1.5 ms a SmolLM2-135M pass)."""
+        shape = (len(inputs[0]), max(self.widths)) if self.dynamic_width else tuple(inputs[0].shape)
         seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
                      for x in inputs)  # tensor shapes, the cache's capacity
         with inductor_settings(self.options):
