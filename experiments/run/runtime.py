@@ -125,7 +125,7 @@ def add_step_graph(mode: str, compiled: CompiledForward, model: PreTrainedModel)
     of the widest bucket's rows measured at least STEP_GAIN times its one-row pass here (one logged line either
     way). The packed kernel keeps 8 rows at one row's cost on a 2-core "AMD EPYC" (docs/performance.md), but not on
     every CPU: on a 2-core Xeon an 8-row pass cost 1.47 steps, and `make run`'s target-only ran 1.5x faster with the
-    1-token graph."""
+    1-token graph. With dynamic_width one graph takes every width already: nothing to add."""
     if mode == NEVER or compiled.eager or compiled.dynamic_width or 1 in compiled.widths:
         return
     if mode != ALWAYS:
