@@ -49,7 +49,7 @@ def test_auto_runs_eager_and_says_why(make_cfg, packed_kernel_here, overrides, r
 def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(make_cfg, packed_kernel_here, monkeypatch,
                                                                           caplog):
     """A toy target is too small to pay a compile: it stays on the eager runtime, and the log says so. With that
-    criterion lifted, the same call puts it on the compiled runtime (auto's profile: one graph of 1-8 tokens)."""
+    criterion lifted, the same call puts it on the compiled runtime (auto's profile: one graph of 1-16 tokens)."""
     packed_kernel_here(True)
     cfg = make_cfg("runtime.packed_rows=null", "runtime.cpp_wrapper=false")  # a toy graph, quick to compile
     model = tiny_model("llama", seed=0)
@@ -58,7 +58,7 @@ def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(make_
     assert compiled_forward(model) is None and "too small to pay a compile" in caplog.text
     monkeypatch.setattr(run_runtime, "AUTO_MIN_WEIGHTS_MB", 0)
     on_runtime(cfg, model)
-    assert compiled_forward(model).widths == (8,) and compiled_forward(model).dynamic_width
+    assert compiled_forward(model).widths == (16,) and compiled_forward(model).dynamic_width
     eager_model(model)
 
 

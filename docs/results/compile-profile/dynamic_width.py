@@ -11,6 +11,11 @@ the eager model's on the same tokens. Run it twice on one empty cache folder for
 
     python docs/results/compile-profile/dynamic_width.py INDUCTOR_CACHE_DIR >> dynamic-width-xeon-amx-2threads.jsonl
 
+With `widest` after the folder it compares one graph for 1..8 with one for 1..16 instead, passes of 1..16 tokens
+over 5 rounds (a pass wider than the graph's widest runs eager):
+
+    python docs/results/compile-profile/dynamic_width.py INDUCTOR_CACHE_DIR widest >> dynamic-width-16-xeon-amx-2threads.jsonl
+
 Prints one JSON line.
 """
 
@@ -29,8 +34,10 @@ from specdec.runtime.compiled import build_graphs, compile_model, time_buckets
 from specdec.runtime.models import load_model
 from specdec.runtime.timing import stopwatch, timed_step
 
-VARIANTS = {"buckets": {"widths": (1, 8)}, "dynamic": {"widths": (8,), "dynamic_width": True}}
-WIDTHS = range(1, 9)
+WIDEST = sys.argv[2:] == ["widest"]
+VARIANTS = ({"dynamic8": {"widths": (8,), "dynamic_width": True}, "dynamic16": {"widths": (16,), "dynamic_width": True}}
+            if WIDEST else {"buckets": {"widths": (1, 8)}, "dynamic": {"widths": (8,), "dynamic_width": True}})
+WIDTHS = range(1, 17 if WIDEST else 9)
 out = {"load": os.getloadavg()[0], "cpu": torch.backends.cpu.get_cpu_capability()}
 eager = load_model("offline:smollm2-135m-instruct")
 models = {}
@@ -43,7 +50,7 @@ for name, settings in VARIANTS.items():
     out[f"{name}_build_seconds"] = round(time.perf_counter() - start, 1)
     models[name] = model
 
-tokens = torch.randint(0, eager.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+tokens = torch.randint(0, eager.config.vocab_size, (1, 32 + max(WIDTHS)), generator=torch.Generator().manual_seed(0))
 with torch.inference_mode():
     reference = eager(tokens).logits
     for name, model in models.items():
@@ -60,7 +67,7 @@ with torch.inference_mode():
     for lm in lms.values():
         lm.forward(tokens[:, :32], last_only=True)
     samples = {(name, w): [] for name in lms for w in WIDTHS}
-    for _ in range(7):
+    for _ in range(5 if WIDEST else 7):
         for width in WIDTHS:
             for name, lm in lms.items():
                 run, undo = timed_step(lm, tokens[:, 32:32 + width])
