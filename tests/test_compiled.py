@@ -43,9 +43,9 @@ N_NEW = 24
 WIDTHS = (1, 2, 4)
 
 
-def compiled_tiny(arch: str, **kwargs):
+def compiled_tiny(arch: str, dynamic_width: bool = False, **kwargs):
     model = tiny_model(arch, seed=0, scale=20.0, **kwargs)
-    compile_model(model, widths=WIDTHS, capacity=64, autotune=False)
+    compile_model(model, widths=WIDTHS, capacity=64, autotune=False, dynamic_width=dynamic_width)
     return model
 
 
@@ -223,9 +223,11 @@ def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
         torch.set_num_threads(threads)
 
 
-def test_batches_and_trees_on_the_compiled_runtime():
-    """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime."""
-    target = compiled_tiny("llama")
+@pytest.mark.parametrize("dynamic_width", [False, pytest.param(True, marks=pytest.mark.exhaustive)])
+def test_batches_and_trees_on_the_compiled_runtime(dynamic_width):
+    """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime, with a
+    graph per bucket or one for every width (tests/test_dynamic_width.py)."""
+    target = compiled_tiny("llama", dynamic_width=dynamic_width)
     draft = perturbed_copy(target, 0.15)
     prompts = [GREEDY_PROMPT, GREEDY_PROMPT[:, :4]]
     out = speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=GREEDY, max_new_tokens=12)

@@ -11,10 +11,8 @@ from experiments.run.runtime import add_step_graph
 from specdec import (
     GREEDY,
     ModelDrafter,
-    ModelTreeDrafter,
     autoregressive_generate,
     speculative_generate,
-    tree_generate,
 )
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
@@ -73,21 +71,6 @@ def test_one_graph_takes_every_width_unpadded(monkeypatch):
     assert graphs_built() == graphs + 1
     assert set(runtime.record.seconds) == {(1, 4)}  # one graph of one row, every width up to 4
     assert "| 1x1-4 |" in runtime_markdown({"target": runtime})  # the run folder's runtime.md
-    eager_model(target)
-
-
-@pytest.mark.exhaustive  # make test keeps one row's chain (above) and the buckets' batches (tests/test_compiled.py)
-def test_batches_and_trees_with_dynamic_width():
-    """Several rows (one graph per row count) and token trees (ancestry masks) at any width up to the widest."""
-    target = dynamic_tiny("llama")
-    draft = perturbed_copy(target, 0.15)
-    prompts = [GREEDY_PROMPT, GREEDY_PROMPT[:, :4]]
-    out = speculative_generate(target, ModelDrafter(draft), prompts, k=2, sampling=GREEDY, max_new_tokens=12)
-    for prompt, tokens in zip(prompts, out.tokens):
-        assert torch.equal(tokens, hf_greedy(target, prompt, 12))
-    tree = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=2, nodes=3), GREEDY_PROMPT,
-                         sampling=GREEDY, max_new_tokens=12)
-    assert torch.equal(tree.tokens, hf_greedy(target, GREEDY_PROMPT, 12))
     eager_model(target)
 
 
