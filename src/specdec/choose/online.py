@@ -19,11 +19,11 @@ Exploration at a bounded cost. Two estimates go stale for a draft that is not us
 decays its evidence towards its prior, so an unused draft is tried again once the prior says it would win; the
 default run gives a draft model its calibrated alpha, and prompt lookup, whose acceptance depends on the prompt
 rather than the pair, the optimistic default) and its draft time (a machine that got quieter or busier). A draft
-whose newest draft timing is older than its probe gap gets one probe round at its best k >= 1; a probe that does
-not make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one round in
-`probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer count
-once a newer one exists (specdec.choose.cost.RecentTimes), so a change of load reaches every estimate within a few
-rounds.
+whose newest draft timing is older than its probe gap gets one probe round at its best k >= 1; a probe that does not
+make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one
+round in `probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer
+count once a newer one exists (specdec.choose.cost.RecentTimes), so a change of load reaches every estimate within a
+few rounds.
 
 Exactness: every choice is a function of earlier rounds only (their times and acceptance), never of this
 round's target distribution p. Given the past, the round is speculative sampling with a fixed draft and a fixed
