@@ -244,14 +244,18 @@ def test_runtime_study_writes_pass_costs_and_goals(tmp_path):
         "~bench.runtime_study.profiles.autotune_packed", "~bench.runtime_study.profiles.packed_cpp",
         "bench.runtime_study.profiles.compiled.widths=[1,2]",
         "bench.runtime_study.profiles.packed.widths=[1,2]", "bench.runtime_study.report=compiled",
+        "bench.runtime_study.profiles.dynamic.widths=[3]", "bench.runtime_study.profiles.dynamic.cpp_wrapper=false",
         bench_name="runtime",
     )  # fmt: skip
-    assert set(result["profiles"]) == {"eager", "compiled", "packed", "eager_bf16"}  # packed: where AVX-512 is
+    assert set(result["profiles"]) == {"eager", "compiled", "packed", "dynamic", "eager_bf16"}  # packed: where AVX-512 is
     bf16, eager = result["profiles"]["eager_bf16"], result["profiles"]["eager"]
     assert bf16["dtype"] == "bfloat16" and eager["dtype"] == "float32"
     compiled = result["profiles"]["compiled"]
     assert set(compiled["pass_cost"]) == {"1", "2", "3"} and compiled["pass_cost"]["1"] == 1.0
     assert compiled["compile"]["cold"]["misses"] == 2 and compiled["compile"]["warm"]["hits"] == 2
+    dynamic = result["profiles"]["dynamic"]  # one graph for widths 1-3
+    assert dynamic["compile"]["cold"]["misses"] == 1 and dynamic["compile"]["warm"]["hits"] == 1
+    assert set(dynamic["pass_cost"]) == {"1", "2", "3"} and dynamic["logits_max_abs_diff_vs_eager"] < 1e-4
     assert all(p["outputs_equal_eager_target_only"] for p in result["profiles"].values())
     assert compiled["logits_max_abs_diff_vs_eager"] < 1e-4
     assert result["profiles"]["packed"]["logits_max_abs_diff_vs_eager"] < 1e-4

@@ -155,7 +155,10 @@ def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study
                       eos: list[int], log: Callable[[str], None] = print) -> dict:
     """The study (module docstring) on model over prompts (1, L_i); study: profiles, max_width, repeats. A profile
     with a `dtype` runs on a copy of the model in that dtype, against its own memory bound, and its outputs are
-    checked against the first profile of the same dtype (the same weights)."""
+    checked against the first profile of the same dtype (the same weights). The model starts eager, whatever runtime
+    the bench loaded it on (runtime=auto compiles a target of this size on an AVX-512 CPU)."""
+    eager_model(model)
+    torch._dynamo.reset()
     bound_ms, gbps = memory_bound_ms(model)
     log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
     result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
