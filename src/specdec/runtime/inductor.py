@@ -78,20 +78,26 @@ def use_inductor_cache() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-def dynamic_window(masks: torch.Tensor | dict[str, torch.Tensor], capacity: int) -> None:
+Masks = torch.Tensor | dict[str, torch.Tensor]  # one 4D mask, or one per attention kind (sliding windows)
+
+
+def each_mask(masks: Masks) -> list[torch.Tensor]:
+    return list(masks.values()) if isinstance(masks, dict) else [masks]
+
+
+def dynamic_window(masks: Masks, capacity: int) -> None:
     """Mark every mask's key dimension (the window) dynamic, so that one graph serves every window, when the window
     is narrower than the cache: traced at the full buffer, slicing it to the window would pin the two equal."""
-    for mask in masks.values() if isinstance(masks, dict) else [masks]:
+    for mask in each_mask(masks):
         if mask.shape[-1] < capacity:
             torch._dynamo.mark_dynamic(mask, mask.dim() - 1)
 
 
-def mark_width(tokens: torch.Tensor, positions: torch.Tensor, masks, widest: int) -> None:
+def mark_width(tokens: torch.Tensor, positions: torch.Tensor, masks: Masks, widest: int) -> None:
     """Mark a pass's width (tokens and positions (B, n), masks (B, 1, n, K)) as one unbacked size of 1..widest,
     so that the graph traced for it serves every width: a backed size would be specialized at 1 (a second graph for
     the step) and its code would guard on the width it was traced at."""
-    for tensor, dim in [(tokens, 1), (positions, 1), *((m, 2) for m in (masks.values() if isinstance(masks, dict)
-                                                                         else [masks]))]:
+    for tensor, dim in [(tokens, 1), (positions, 1), *((mask, 2) for mask in each_mask(masks))]:
         torch._dynamo.decorators.mark_unbacked(tensor, dim, min=1, max=widest, shape_id="width")
 
 
