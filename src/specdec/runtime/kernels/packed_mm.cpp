@@ -5,6 +5,11 @@
 // and for each panel keeps a tile of up to 8 rows x 48 outputs in 24 AVX-512 registers while k runs over K:
 // per k it loads 48 weights and does 3 multiply-adds per row. Rows beyond 8 take further passes over the same
 // panel, which is then in the L2 cache, so the weights come from memory once whatever M is.
+//
+// The loop prefetches the panel ahead of itself, FAR rows of k into L2 and NEAR rows into L1. Without it the
+// hardware prefetcher falls behind once a tile does more than a few multiply-adds per weight: on a 2-core Xeon
+// (AMX) the linears of a 5-row pass cost 1.44 one-row passes without, about 1.0 with (docs/performance.md).
+// A build may set them (0: no prefetch) and the library's name, so that a probe loads two builds side by side.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -12,10 +17,27 @@
 #include <ATen/ops/zeros.h>
 #include <immintrin.h>
 
+#ifndef SPECDEC_PREFETCH_FAR
+#define SPECDEC_PREFETCH_FAR 32
+#endif
+#ifndef SPECDEC_PREFETCH_NEAR
+#define SPECDEC_PREFETCH_NEAR 16
+#endif
+#ifndef SPECDEC_LIBRARY
+#define SPECDEC_LIBRARY specdec
+#endif
+
 namespace {
 
 constexpr int64_t PANEL = 48;  // outputs per panel: three 16-float AVX-512 registers
 constexpr int64_t TILE = 8;    // rows per register tile: 8 x 3 accumulators
+constexpr int64_t FAR = SPECDEC_PREFETCH_FAR, NEAR = SPECDEC_PREFETCH_NEAR;  // rows of k ahead: L2, L1
+
+inline void prefetch_row(const float* row, int hint_l1) {  // the 3 cache lines of one row of a panel
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int line = 0; line < 3; ++line)
+    hint_l1 ? _mm_prefetch(p + 64 * line, _MM_HINT_T0) : _mm_prefetch(p + 64 * line, _MM_HINT_T1);
+}
 
 template <int M>
 void tile(const float* x, int64_t K, const float* panel, float* y, int64_t ldy, __mmask16 masks[3]) {
@@ -24,6 +46,8 @@ void tile(const float* x, int64_t K, const float* panel, float* y, int64_t ldy, 
     for (int j = 0; j < 3; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const float* w = panel + k * PANEL;
+    if (FAR > 0) prefetch_row(w + FAR * PANEL, 0);  // past the panel's end: the next panel, or nothing that faults
+    if (NEAR > 0) prefetch_row(w + NEAR * PANEL, 1);
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
     for (int m = 0; m < M; ++m) {
       const __m512 a = _mm512_set1_ps(x[m * K + k]);
@@ -87,12 +111,12 @@ at::Tensor packed_mm(const at::Tensor& input, const at::Tensor& packed, int64_t 
 
 }  // namespace
 
-TORCH_LIBRARY(specdec, m) {
+TORCH_LIBRARY(SPECDEC_LIBRARY, m) {
   m.def("pack(Tensor weight) -> Tensor");
   m.def("packed_mm(Tensor input, Tensor packed, int n) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+TORCH_LIBRARY_IMPL(SPECDEC_LIBRARY, CPU, m) {
   m.impl("pack", &pack);
   m.impl("packed_mm", &packed_mm);
 }
