@@ -31,14 +31,27 @@ def with_target(node: DictConfig, target) -> dict:
 
 
 def trained_candidates(candidates: DictConfig) -> dict[str, DictConfig]:
-    """The candidates to calibrate: a head only when one is trained for the target."""
-    return {name: node for name, node in candidates.items() if not (is_head(node) and node.checkpoint is None)}
+    """The candidates to calibrate: a head only when one is trained for the target, and a copy on the packed
+    kernel (quantization=packed_int8) only where that kernel runs (left_out_here)."""
+    return {name: node for name, node in candidates.items()
+            if not (is_head(node) and node.checkpoint is None) and left_out_here(node) is None}
+
+
+def left_out_here(node: DictConfig) -> str | None:
+    """Why a packed_int8 copy cannot draft on this machine and device (None: it can, or it is another drafter)."""
+    model = node.get("model") if OmegaConf.is_dict(node) else None
+    if not OmegaConf.is_dict(model) or model.get("quantization") != "packed_int8":
+        return None
+    from specdec.runtime.packed import unavailable_reason  # at call time (tests answer for this CPU)
+
+    return unavailable_reason() if str(model.get("device", "cpu")).startswith("cpu") else "it runs on a CPU"
 
 
 def say_left_out(candidates: DictConfig, kept: dict[str, DictConfig]) -> None:
-    """One log line per candidate head left out (the pair says it once, when it loads; validation says nothing)."""
+    """One log line per candidate left out (the pair says it once, when it loads; validation says nothing)."""
     for name in [name for name in candidates if name not in kept]:
-        log.info("candidate %s left out: no draft head is trained for this target (make train-draft)", name)
+        reason = left_out_here(candidates[name]) or "no draft head is trained for this target (make train-draft)"
+        log.info("candidate %s left out: %s", name, reason)
 
 
 def loaded_candidates(candidates: DictConfig) -> dict[str, DictConfig]:

@@ -19,7 +19,7 @@ from specdec.runtime.compiled import (
     compile_model,
     time_buckets,
 )
-from specdec.runtime.packed import row_cost
+from specdec.runtime.packed import PackedInt8Linear, row_cost
 from specdec.runtime.timing import ThreadChoice, choose_threads
 
 from .schema import AUTO
@@ -108,11 +108,17 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
     """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
     settings were checked with the config (check_runtime)."""
     runtime = cfg.runtime
-    if model is None or (draft and not runtime.drafts) or not compiles(cfg, model):
+    if model is None or (draft and not (runtime.drafts or has_int8_kernel(model))) or not compiles(cfg, model):
         return
     add_step_graph(runtime.get("step_graph", NEVER), compile_model(model, **compile_settings(runtime)), model)
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
+
+
+def has_int8_kernel(model: PreTrainedModel) -> bool:
+    """Whether a model's linears run on the packed int8 kernel (quantization=packed_int8): such a draft runs
+    compiled whatever runtime.drafts says, as its compiled step costs about half its eager one (docs/performance.md)."""
+    return any(isinstance(module, PackedInt8Linear) for module in model.modules())
 
 
 STEP_GAIN = 1.15  # step_graph=auto adds a 1-token graph where a pass of the widest bucket costs this many steps or more

@@ -19,7 +19,9 @@ from .tiny import ByteTokenizer, random_model
 RANDOM = "random:"  # random:<shape>: a random-weight model of specdec.runtime.tiny.RANDOM_SHAPES (benchmarks)
 BNB_QUANTIZATIONS = ("int8", "nf4", "fp4")  # bitsandbytes: LLM.int8 and 4-bit weights, CPU and CUDA
 TORCH_QUANTIZATIONS = ("dynamic_int8",)  # torch dynamic int8 Linear layers (CPU only, no extra package)
-QUANTIZATIONS = ("none", *BNB_QUANTIZATIONS, *TORCH_QUANTIZATIONS)
+KERNEL_QUANTIZATIONS = ("packed_int8",)  # int8 weights on specdec's packed kernel (CPU with AVX-512)
+QUANTIZATIONS = ("none", *BNB_QUANTIZATIONS, *TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS)
+CPU_QUANTIZATIONS = (*TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS)  # these load in float32, on the CPU
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -64,18 +66,19 @@ def load_model(
     fused_4bit: bool = True,
 ) -> PreTrainedModel:
     """A causal LM in eval mode: hub id, local folder or offline asset; optionally quantized
-    (bitsandbytes int8 / nf4 / fp4, or torch's dynamic_int8 on the CPU).
+    (bitsandbytes int8 / nf4 / fp4, torch's dynamic_int8 on the CPU, or packed_int8: int8 weights with a scale per
+    output, float32 activations, on specdec's packed kernel, specdec.runtime.packed.packed_int8_copy).
 
     fused_4bit=False: a 4-bit model takes bitsandbytes' non-fused CPU path even where the fused kernel exists
     (force_unfused_4bit), standing in for a CPU without AVX512-BF16. A dynamic_int8 model loads in float32 whatever
     dtype says: torch's dynamic int8 Linear takes float32 activations (a bf16 target's int8 copy is then the same
-    as an fp32 target's).
+    as an fp32 target's); so does a packed_int8 one.
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
-    if quantization == "dynamic_int8":
+    if quantization in CPU_QUANTIZATIONS:
         if device != "cpu":
-            raise ValueError(dynamic_int8_cpu_only(device))
+            raise ValueError(cpu_only(quantization, device))
         dtype = "float32"
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
     if name.startswith(RANDOM):
@@ -95,13 +98,17 @@ def load_model(
         ) from e
     if quantization in ("nf4", "fp4") and not fused_4bit:
         force_unfused_4bit(model)  # before its first forward, which would repack the weights for the fused kernel
+    if quantization == "packed_int8":
+        from .packed import packed_int8_copy
+
+        packed_int8_copy(model)
     return dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
 
 
-def dynamic_int8_cpu_only(device: object) -> str:
+def cpu_only(quantization: str, device: object) -> str:
     return (
-        f"quantization='dynamic_int8' (torch dynamic int8 Linear layers) runs on the CPU only, not on "
-        f"{device}; on a GPU use a bitsandbytes quantization ('int8', 'nf4') or dtype='bfloat16'"
+        f"quantization={quantization!r} runs on the CPU only, not on {device}; on a GPU use a bitsandbytes "
+        "quantization ('int8', 'nf4') or dtype='bfloat16'"
     )
 
 
@@ -109,7 +116,7 @@ def dynamic_int8_copy(model: PreTrainedModel, inplace: bool = False) -> PreTrain
     """The model with every nn.Linear (the tied lm_head included) replaced by torch's dynamic int8 Linear:
     int8 weights per tensor, activations quantized on the fly at each call; CPU only."""
     if model.device.type != "cpu":
-        raise ValueError(dynamic_int8_cpu_only(model.device))
+        raise ValueError(cpu_only("dynamic_int8", model.device))
     from torch.ao.quantization import quantize_dynamic
 
     with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated in favour of torchao

@@ -63,6 +63,10 @@ def load_kernel() -> None:
     def _(input, packed, n):  # shapes for the compiler
         return input.new_empty(input.shape[0], n)
 
+    @torch.library.register_fake("specdec::packed_int8_mm")
+    def _(input, packed, scales, n):
+        return input.new_empty(input.shape[0], n)
+
 
 class PackedLinear(torch.nn.Module):
     """A linear whose passes of `rows` (first, last) rows run on the packed kernel; others use F.linear."""
@@ -84,6 +88,28 @@ class PackedLinear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class PackedInt8Linear(torch.nn.Module):
+    """A linear with int8 weights, one float32 scale per output (symmetric, weight-only: activations stay float32),
+    on the packed kernel for passes of any number of rows: a quarter of the float32 bytes to read per step. Keeps no
+    float32 weight (a tied one stays with the embedding)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        load_kernel()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        packed, scales = torch.ops.specdec.pack_int8(linear.weight.detach().float())
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() // self.in_features
+        y = torch.ops.specdec.packed_int8_mm(x.reshape(n, self.in_features), self.packed, self.scales,
+                                             self.out_features)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
 def children_where(model: torch.nn.Module, keep) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
     """(parent, attribute name, child) of every submodule for which keep(child) holds."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -98,6 +124,20 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
                            and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, rows))
+    return len(swaps)
+
+
+def packed_int8_copy(model: torch.nn.Module) -> int:
+    """Swap every float32 CPU nn.Linear of `model` (the tied output layer included) for a PackedInt8Linear, in
+    place: a weight-only int8 copy of a float32 model (specdec.runtime.models, quantization='packed_int8'). Returns
+    how many. Needs the packed kernel (AVX-512)."""
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"quantization='packed_int8' runs on the packed kernel: {reason}")
+    swaps = children_where(model, lambda child: type(child) is torch.nn.Linear
+                           and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedInt8Linear(child))
     return len(swaps)
 
 
@@ -124,7 +164,7 @@ def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | Non
 def all_packed(model: torch.nn.Module) -> bool:
     """Whether `model` has packed linears and no nn.Linear besides (so no linear needs frozen weights)."""
     kinds = {type(module) for module in model.modules()}
-    return PackedLinear in kinds and torch.nn.Linear not in kinds
+    return bool(kinds & {PackedLinear, PackedInt8Linear}) and torch.nn.Linear not in kinds
 
 
 def unpack_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, PackedLinear]]:
