@@ -199,3 +199,21 @@ def test_a_rule_that_switches_threads_is_refused_on_a_compiled_target():
         assert rule_for(rule.rules[1], switch, target=target) is rule.rules[1]
     finally:
         eager_model(target)
+
+
+def test_a_learning_prior_is_the_runs_mean_first_acceptance():
+    """prior_weight: evidence that decays falls back to the run's mean beta_1 (the prior counting as prior_weight
+    rounds), not to the optimistic prior: a lookup that kept failing is not tried again every few rounds."""
+    fixed, learning = CostModel(4, "per_call"), CostModel(4, "per_call", prior_weight=2.0)
+    for model in (fixed, learning):
+        for _ in range(6):
+            model.record_acceptance([0.0])
+        for _ in range(60):  # rounds in which it did not draft: its evidence decays
+            model.record_acceptance()
+    assert learning.current_prior() == pytest.approx(0.9 * 2 / 8)
+    assert learning.acceptance()[0] == pytest.approx(0.225, abs=0.01)
+    assert fixed.acceptance()[0] == pytest.approx(0.9, abs=0.01) and fixed.current_prior() == 0.9
+    learning.record_acceptance([1.0, 1.0])
+    assert learning.current_prior() == pytest.approx((1.8 + 1.0) / 9)
+    with pytest.raises(ValueError, match="prior_weight"):
+        CostModel(4, prior_weight=0.0)

@@ -14,8 +14,11 @@ from fakes import GREEDY_PROMPT, hf_greedy
 
 from specdec import GREEDY, ModelDrafter, speculative_generate
 from specdec.runtime.compiled import compile_model, compiled_forward
+from specdec.runtime.models import load_model
 from specdec.runtime.packed import (
+    PackedInt8Linear,
     PackedLinear,
+    all_packed,
     load_kernel,
     ninja_on_path,
     pack_linears,
@@ -130,3 +133,88 @@ def test_the_build_finds_ninja_without_an_activated_venv(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     ninja_on_path()
     assert shutil.which("ninja") is not None and os.environ["PATH"].endswith("/nonexistent")
+
+
+def dequantized(weight: torch.Tensor) -> torch.Tensor:
+    """The weight an int8 copy computes with: symmetric int8, one scale per output (the largest |w| over 127)."""
+    scale = weight.abs().amax(1, keepdim=True) / 127
+    return (weight / scale).round().clamp(-127, 127) * scale
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows,n,k", [(1, 48, 16), (3, 100, 37), (9, 7, 5), (17, 130, 48)])
+def test_int8_product_equals_the_product_with_the_dequantized_weight(kernel, rows, n, k):
+    torch.manual_seed(rows)
+    x, weight = torch.randn(rows, k), torch.randn(n, k)
+    packed, scales = kernel.pack_int8(weight)
+    assert packed.dtype == torch.int8 and packed.shape == ((n + 47) // 48, k, 48) and scales.shape == (packed.shape[0] * 48,)
+    y = kernel.packed_int8_mm(x, packed, scales, n)
+    torch.testing.assert_close(y, x @ dequantized(weight).T, atol=1e-4, rtol=1e-4)
+    assert (y - x @ weight.T).abs().max() > 1e-4  # it is int8: not the float32 product
+    with pytest.raises(RuntimeError, match="int8 packed weight"):
+        kernel.packed_int8_mm(x, kernel.pack(weight), scales, n)
+
+
+@needs_avx512
+def test_a_packed_int8_copy_drafts_for_its_float32_target(tmp_path):
+    """load_model(quantization='packed_int8'): every linear, the tied output layer included, becomes int8 on the
+    kernel and keeps no float32 weight; the embedding stays float32; the copy is close to its target (most drafts
+    accepted) and the output stays the target's."""
+    target = tiny_model("llama", seed=0, scale=20.0)
+    target.save_pretrained(tmp_path)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in target.modules())
+    draft = load_model(str(tmp_path), quantization="packed_int8")
+    assert sum(isinstance(m, PackedInt8Linear) for m in draft.modules()) == linears
+    assert not any(isinstance(m, torch.nn.Linear) for m in draft.modules()) and all_packed(draft)
+    assert all(p.dtype == torch.float32 for p in draft.parameters())  # embedding and norms only
+    assert {b.dtype for name, b in draft.named_buffers() if name.endswith("packed")} == {torch.int8}
+    x = torch.ones(1, draft.lm_head.in_features)
+    torch.testing.assert_close(draft.lm_head(x), x @ dequantized(target.lm_head.weight.detach()).T, atol=1e-4,
+                               rtol=1e-4)
+    expected = hf_greedy(target, GREEDY_PROMPT, 24)
+    out = speculative_generate(target, ModelDrafter(draft), GREEDY_PROMPT, k=4, sampling=GREEDY, max_new_tokens=24)
+    assert torch.equal(out.tokens, expected) and out.stats.acceptance_rate > 0.8
+    with pytest.raises(ValueError, match="runs on the CPU only, not on cuda"):
+        load_model(str(tmp_path), device="cuda", quantization="packed_int8")
+
+
+def test_without_avx512_a_packed_int8_candidate_is_left_out(monkeypatch, caplog):
+    """The default pair lists the packed_int8 copy among its candidates: where the kernel cannot run, calibration
+    leaves it out with one logged line, and the other candidates stay."""
+    from omegaconf import OmegaConf
+
+    from experiments.run.heads import loaded_candidates
+    from specdec.runtime import packed
+
+    candidates = OmegaConf.create({"ngram": {"_target_": "specdec.NGramDrafter"},
+                                   "packed_int8": {"model": {"quantization": "packed_int8", "device": "cpu"}}})
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with caplog.at_level(logging.INFO):
+        assert list(loaded_candidates(candidates)) == ["ngram"]
+    assert "candidate packed_int8 left out: the packed kernel needs AVX-512 (this CPU: AVX2)" in caplog.text
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert list(loaded_candidates(candidates)) == ["ngram", "packed_int8"]
+    candidates.packed_int8.model.device = "cuda"
+    assert list(loaded_candidates(candidates)) == ["ngram"]
+
+
+@needs_avx512
+@pytest.mark.xdist_group("inductor")
+def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path, make_cfg):
+    """With runtime.drafts=false, draft models stay eager, but a packed_int8 copy compiles (its eager step costs
+    about twice its compiled one); the greedy output stays the target's."""
+    from experiments.run.runtime import on_runtime
+    from specdec.runtime.models import dynamic_int8_copy
+
+    target = tiny_model("llama", seed=0, scale=20.0)
+    target.save_pretrained(tmp_path)
+    cfg = make_cfg("runtime=compiled", "runtime.drafts=false", "runtime.widths=[2]", "runtime.capacity=64",
+                   "runtime.packed_rows=[1,8]", "max_new_tokens=64")
+    draft, other = load_model(str(tmp_path), quantization="packed_int8"), dynamic_int8_copy(tiny_model("llama"))
+    on_runtime(cfg, draft, draft=True)
+    on_runtime(cfg, other, draft=True)
+    assert compiled_forward(other) is None
+    runtime = compiled_forward(draft)
+    assert runtime is not None and runtime.record.eager_reason is None and (1, 2) in runtime.record.seconds
+    out = speculative_generate(target, ModelDrafter(draft), GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=24)
+    assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8

@@ -26,7 +26,8 @@ Every number is measured while generating; nothing is a hard-coded timing consta
 - a_i: beta_i = sum_x min(p_i(x), q_i(x)), the probability that position i is accepted given that it
   is reached (for a deterministic drafter, q_i is one-hot and beta_i = p_i(x_i)), averaged over the
   rounds that reached position i with weights that decay by `decay` per round; a position with
-  little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`).
+  little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`, or with `prior_weight` towards
+  the run's mean beta_1: prompt lookup among draft models, specdec.choose.online).
 A round during which a graph of the compiled runtime compiled (specdec.runtime.compiled: a first pass of its
 shape, seconds to a minute) gives its acceptance but no times.
 
@@ -133,7 +134,8 @@ class CostModel:
     clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
     window: recent timings kept per width (median). max_age: rounds after which a timing no longer counts
     once a newer one exists (default: window). decay: weight kept by older acceptance evidence per round.
-    prior: a_1 before any evidence (optimistic, so that drafting is tried). pass_times: the table of target
+    prior: a_1 before any evidence (optimistic, so that drafting is tried). prior_weight: None, a fixed prior; a
+    number, a prior that learns (current_prior). pass_times: the table of target
     pass times to fill (width -> RecentTimes), to share one among the cost models of several drafters
     (specdec.choose.online); default: a table of its own.
     """
@@ -151,6 +153,7 @@ class CostModel:
         prior: float = 0.9,
         max_age: int | None = None,
         pass_times: dict[int, RecentTimes] | None = None,
+        prior_weight: float | None = None,
     ):
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max (longest draft k='auto' may choose) must be an int >= 1, got {k_max!r}")
@@ -158,6 +161,8 @@ class CostModel:
             raise ValueError(f"draft_cost must be one of {DRAFT_COSTS}, got {draft_cost!r}")
         if not 0.0 < decay <= 1.0 or not 0.0 <= prior <= 1.0 or window < 1:
             raise ValueError(f"need 0 < decay <= 1, 0 <= prior <= 1, window >= 1; got {decay}, {prior}, {window}")
+        if prior_weight is not None and not prior_weight > 0:
+            raise ValueError(f"prior_weight must be None or > 0, got {prior_weight}")
         self.k_max, self.draft_cost, self.clock = k_max, draft_cost, clock
         self.window, self.decay, self.prior = window, decay, prior
         self.max_age = window if max_age is None else max_age
@@ -167,6 +172,8 @@ class CostModel:
         self.plain_timed = False  # a plain step (k = 0) of this model's rounds has been timed
         self.overlap_sum = [0.0] * k_max  # decayed sum of beta_i over rounds that reached position i
         self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
+        self.prior_weight = prior_weight
+        self.first_sum, self.first_count = 0.0, 0  # beta_1 summed over every round that reached position 1
 
     # measurements -----------------------------------------------------------------------------------
 
@@ -188,6 +195,8 @@ class CostModel:
             self.overlap_sum[i] *= self.decay
             self.overlap_weight[i] *= self.decay
         for row in rows:
+            if row:
+                self.first_sum, self.first_count = self.first_sum + row[0], self.first_count + 1
             for i, beta in enumerate(row[: self.k_max]):
                 self.overlap_sum[i] += beta
                 self.overlap_weight[i] += 1.0
@@ -232,11 +241,17 @@ class CostModel:
 
     def acceptance(self) -> list[float]:
         """a_1..a_k_max: decayed mean of beta_i, shrunk towards a_{i-1} (a_0 := prior) by one pseudo-round."""
-        estimates, previous = [], self.prior
+        estimates, previous = [], self.current_prior()
         for total, weight in zip(self.overlap_sum, self.overlap_weight):
             previous = (total + previous) / (weight + 1.0)
             estimates.append(previous)
         return estimates
+
+    def current_prior(self) -> float:
+        """a_0: the fixed prior, or with prior_weight the run's mean beta_1 with the prior as prior_weight rounds."""
+        if self.prior_weight is None:
+            return self.prior
+        return (self.prior * self.prior_weight + self.first_sum) / (self.prior_weight + self.first_count)
 
     @property
     def timed_plain(self) -> bool:

@@ -17,8 +17,10 @@ C_d(k) = T_pass(k + 1) + T_draft,d(k) seconds; the rule picks argmax over (d, k)
 
 Exploration at a bounded cost. Two estimates go stale for a draft that is not used: its acceptance (each round
 decays its evidence towards its prior, so an unused draft is tried again once the prior says it would win; the
-default run gives a draft model its calibrated alpha, and prompt lookup, whose acceptance depends on the prompt
-rather than the pair, the optimistic default) and its draft time (a machine that got quieter or busier). A draft
+default run gives a draft model its calibrated alpha, and prompt lookup, whose acceptance depends on the text
+rather than the pair, a prior that learns: the optimistic default counted as LOOKUP_PRIOR_WEIGHT rounds, then the
+mean beta_1 of every round lookup drafted in the run, so that on text that does not repeat its prompt, lookup is
+not tried every few rounds in place of a draft model that wins there) and its draft time (a machine that got quieter or busier). A draft
 whose newest draft timing is older than its probe gap gets one probe round at its best k >= 1; a probe that does not
 make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one
 round in `probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer
@@ -40,6 +42,8 @@ from dataclasses import replace
 from ..draft.switch import DraftSwitch
 from ..theory import best_draft_length, expected_tokens
 from .cost import Choice, CostModel, Round
+
+LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many rounds of its learned one
 
 
 def best_rate(model: CostModel, limit: int, shortest: int = 0) -> tuple[int, float]:
@@ -86,6 +90,7 @@ class OnlineDraftChoice:
             name: CostModel(
                 k_max, d.draft_cost, clock=clock, window=window, max_age=max_age, decay=decay,
                 prior=priors.get(name, 0.9), pass_times=self.pass_times,
+                prior_weight=LOOKUP_PRIOR_WEIGHT if d.draft_cost == "per_call" else None,
             )
             for name, d in switch.candidates.items()
         }  # fmt: skip

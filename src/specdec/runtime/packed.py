@@ -2,11 +2,14 @@
 
 Inductor's C++ GEMM reads a layer's weights once for a pass of 1-4 rows, but from 5 rows on its kernel runs at a
 third of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps (docs/performance.md). The packed
-kernel streams each weight panel once and keeps up to 8 rows of outputs in registers, so its cost stays near one
-read of the weights up to 8 rows. `pack_linears` swaps a model's float32 linears for PackedLinear, which calls it for
-passes of `rows` (first, last) rows and keeps F.linear outside them (a prompt). The kernel needs AVX-512 and a C++
-compiler; it is built once per machine into the specdec cache folder (about 7 s: the source includes only the ATen headers it uses). A packed model holds its linear
-weights twice (the packed panels next to the parameters, which prompts and tied embeddings still read).
+kernel streams each weight panel once, prefetching ahead of itself, and keeps up to 8 rows of outputs in registers,
+so its cost stays near one read of the weights up to 8 rows (1.03 one-row passes at 5 rows, 1.13 at 8 on a 2-core
+Xeon). `pack_linears` swaps a model's float32 linears for PackedLinear, which calls it for passes of `rows` (first,
+last) rows and keeps F.linear outside them (a prompt). A packed model holds its linear weights twice (the packed
+panels next to the parameters, which prompts and tied embeddings still read). `packed_int8_copy` makes a weight-only
+int8 copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its
+target at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the
+specdec cache folder (about 7 s: the source includes only the ATen headers it uses).
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | Non
     """What the model's packed linears cost at `rows` rows over their cost at one row: the median of `repeats`
     interleaved rounds, each calling every packed linear of the model once on random inputs (None: the model has no
     packed linear that takes `rows` rows). On the kernel's target a pass of up to 8 rows costs about one row's
-    read of the weights (1.0); where the cores run out of arithmetic first, more (docs/performance.md)."""
+    read of the weights (1.0); where the loads fall behind the arithmetic (a CPU the kernel's prefetch distances
+    do not suit), more (docs/performance.md)."""
     linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m.rows[0] <= 1 and rows <= m.rows[1]]
     if not linears:
         return None
