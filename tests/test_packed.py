@@ -202,7 +202,8 @@ def test_without_avx512_a_packed_int8_candidate_is_left_out(monkeypatch, caplog)
 @pytest.mark.xdist_group("inductor")
 def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path, make_cfg):
     """With runtime.drafts=false, draft models stay eager, but a packed_int8 copy compiles (its eager step costs
-    about twice its compiled one); the greedy output stays the target's."""
+    about twice its compiled one), on one static graph of width 1 where it reads the target's cache (steps=True);
+    the greedy output stays the target's."""
     from experiments.run.runtime import on_runtime
     from specdec.runtime.models import dynamic_int8_copy
 
@@ -211,10 +212,14 @@ def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path
     cfg = make_cfg("runtime=compiled", "runtime.drafts=false", "runtime.widths=[2]", "runtime.capacity=64",
                    "runtime.packed_rows=[1,8]", "max_new_tokens=64")
     draft, other = load_model(str(tmp_path), quantization="packed_int8"), dynamic_int8_copy(tiny_model("llama"))
-    on_runtime(cfg, draft, draft=True)
+    on_runtime(cfg, draft, draft=True, steps=True)
     on_runtime(cfg, other, draft=True)
     assert compiled_forward(other) is None
     runtime = compiled_forward(draft)
-    assert runtime is not None and runtime.record.eager_reason is None and (1, 2) in runtime.record.seconds
-    out = speculative_generate(target, ModelDrafter(draft), GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=24)
+    assert runtime is not None and runtime.record.eager_reason is None and set(runtime.record.seconds) == {(1, 1)}
+    assert runtime.widths == (1,) and not runtime.dynamic_width
+    on_runtime(cfg, draft, draft=True)  # already on the runtime: left as it is
+    assert compiled_forward(draft) is runtime
+    out = speculative_generate(target, ModelDrafter(draft, reads_target_cache=True), GREEDY_PROMPT, k=3,
+                               sampling=GREEDY, max_new_tokens=24)
     assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8

@@ -17,6 +17,7 @@ from specdec.runtime.compiled import (
     build_graphs,
     check_settings,
     compile_model,
+    compiled_forward,
     time_buckets,
 )
 from specdec.runtime.packed import PackedInt8Linear, row_cost
@@ -104,13 +105,17 @@ def compiles(cfg: DictConfig, model: PreTrainedModel | None = None) -> bool:
     return reason is None
 
 
-def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False) -> None:
-    """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded. Its
-    settings were checked with the config (check_runtime)."""
+def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = False, steps: bool = False) -> None:
+    """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded (a model
+    already on it stays as it is). Its settings were checked with the config (check_runtime). steps: the model runs
+    one-token steps only (a copy that reads the target's cache): one static graph of width 1, quicker to compile."""
     runtime = cfg.runtime
-    if model is None or (draft and not (runtime.drafts or has_int8_kernel(model))) or not compiles(cfg, model):
+    if model is None or (draft and not (runtime.drafts or has_int8_kernel(model))) or compiled_forward(model):
         return
-    add_step_graph(runtime.get("step_graph", NEVER), compile_model(model, **compile_settings(runtime)), model)
+    if not compiles(cfg, model):
+        return
+    settings = {**compile_settings(runtime), **({"widths": (1,), "dynamic_width": False} if steps else {})}
+    add_step_graph(runtime.get("step_graph", NEVER), compile_model(model, **settings), model)
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
 
@@ -150,7 +155,7 @@ def drafter_on_runtime(cfg: DictConfig, drafter) -> None:
     """A drafter's model on the run's runtime (on_runtime), and a trained head's forward (specdec.draft.head_runtime)
     on the compiled runtime with runtime.heads (its linears packed and its calls in C++ as the runtime says for
     models), its graphs built now."""
-    on_runtime(cfg, getattr(drafter, "model", None), draft=True)
+    on_runtime(cfg, getattr(drafter, "model", None), draft=True, steps=getattr(drafter, "reads_target_cache", False))
     head, runtime = getattr(drafter, "head", None), cfg.runtime
     if head is None or not runtime.heads or not compiles(cfg):
         return
