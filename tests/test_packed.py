@@ -223,3 +223,19 @@ def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path
     out = speculative_generate(target, ModelDrafter(draft, reads_target_cache=True), GREEDY_PROMPT, k=3,
                                sampling=GREEDY, max_new_tokens=24)
     assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8
+
+
+def test_cpu_int8_is_the_packed_copy_where_the_kernel_runs_else_torchs(tmp_path, monkeypatch, caplog):
+    """quantization='cpu_int8' (the cross-vocabulary drafts' copies): packed_int8 on a CPU with AVX-512, torch's
+    dynamic int8 elsewhere, said in one line."""
+    from specdec.runtime import packed
+
+    tiny_model("llama", seed=0).save_pretrained(tmp_path)
+    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with caplog.at_level(logging.INFO, logger="specdec.runtime.models"):
+        dynamic = load_model(str(tmp_path), quantization="cpu_int8")
+    assert "quantization=cpu_int8: dynamic_int8, as the packed kernel needs AVX-512" in caplog.text
+    assert not any(isinstance(m, (PackedInt8Linear, torch.nn.Linear)) for m in dynamic.modules())
+    monkeypatch.undo()
+    if unavailable_reason() is None:  # this CPU has AVX-512
+        assert all_packed(load_model(str(tmp_path), quantization="cpu_int8"))

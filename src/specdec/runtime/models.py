@@ -1,13 +1,15 @@
 """Load models and tokenizers: hub ids, local folders, offline assets and random-weight shapes.
 
 Names: a hub id, a local folder, an offline asset (offline:..., specdec.runtime.offline) or a random-weight shape
-(random:..., specdec.runtime.tiny.RANDOM_SHAPES, for benchmarks). Quantization: bitsandbytes int8 / nf4 / fp4 and
-torch's dynamic int8; copies of a loaded model in bf16, dynamic int8 or cut to its first layers.
+(random:..., specdec.runtime.tiny.RANDOM_SHAPES, for benchmarks). Quantization: bitsandbytes int8 / nf4 / fp4,
+torch's dynamic int8 and the packed kernel's weight-only int8; copies of a loaded model in bf16, dynamic int8 or cut
+to its first layers.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 
 import torch
@@ -16,12 +18,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from .offline import OFFLINE_ASSETS, ensure_offline_model
 from .tiny import ByteTokenizer, random_model
 
+log = logging.getLogger(__name__)
+
 RANDOM = "random:"  # random:<shape>: a random-weight model of specdec.runtime.tiny.RANDOM_SHAPES (benchmarks)
 BNB_QUANTIZATIONS = ("int8", "nf4", "fp4")  # bitsandbytes: LLM.int8 and 4-bit weights, CPU and CUDA
 TORCH_QUANTIZATIONS = ("dynamic_int8",)  # torch dynamic int8 Linear layers (CPU only, no extra package)
 KERNEL_QUANTIZATIONS = ("packed_int8",)  # int8 weights on specdec's packed kernel (CPU with AVX-512)
-QUANTIZATIONS = ("none", *BNB_QUANTIZATIONS, *TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS)
-CPU_QUANTIZATIONS = (*TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS)  # these load in float32, on the CPU
+CPU_INT8 = "cpu_int8"  # packed_int8 where the packed kernel runs, else dynamic_int8 (cpu_int8_here)
+QUANTIZATIONS = ("none", *BNB_QUANTIZATIONS, *TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS, CPU_INT8)
+CPU_QUANTIZATIONS = (*TORCH_QUANTIZATIONS, *KERNEL_QUANTIZATIONS, CPU_INT8)  # these load in float32, on the CPU
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -80,6 +85,7 @@ def load_model(
         if device != "cpu":
             raise ValueError(cpu_only(quantization, device))
         dtype = "float32"
+        quantization = cpu_int8_here() if quantization == CPU_INT8 else quantization
     qconfig = quantization_config(quantization, DTYPES[compute_dtype or dtype])
     if name.startswith(RANDOM):
         if quantization != "none":
@@ -103,6 +109,18 @@ def load_model(
 
         packed_int8_copy(model)
     return dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
+
+
+def cpu_int8_here() -> str:
+    """quantization='cpu_int8': the int8 copy that runs fastest on this CPU, packed_int8 where the packed kernel runs
+    (AVX-512), else torch's dynamic_int8 (one logged line)."""
+    from .packed import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        log.info("quantization=cpu_int8: dynamic_int8, as %s", reason)
+        return "dynamic_int8"
+    return "packed_int8"
 
 
 def cpu_only(quantization: str, device: object) -> str:
