@@ -122,7 +122,8 @@ def on_runtime(cfg: DictConfig, model: PreTrainedModel | None, draft: bool = Fal
 
 def has_int8_kernel(model: PreTrainedModel) -> bool:
     """Whether a model's linears run on the packed int8 kernel (quantization=packed_int8): such a draft runs
-    compiled whatever runtime.drafts says, as its compiled step costs about half its eager one (docs/performance.md)."""
+    compiled whatever runtime.drafts says, as its compiled step took 10.7-11.2 ms against 17.5 ms eager on a 2-core
+    Xeon (docs/performance.md)."""
     return any(isinstance(module, PackedInt8Linear) for module in model.modules())
 
 
