@@ -2,7 +2,8 @@
 trained for the target: experiments.train_draft.store), and the target model a head node is built with.
 
 A calibrated pair lists the head among its candidates only when one is trained for its target; asked for by name
-(`model.draft=head` or a pair whose drafter is the head) without one, the run stops before loading anything.
+(`model.draft=head` or a pair whose drafter is the head) without one, the run stops before loading anything. The
+same filter leaves out a candidate copy on the packed int8 kernel where that kernel cannot run (left_out_here).
 """
 
 from __future__ import annotations
