@@ -22,7 +22,7 @@ from specdec import (
     tree_generate,
 )
 from specdec.choose.cost import Rule
-from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice
+from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice, is_lookup
 from specdec.choose.rules import compiled_k_max, rule_for
 from specdec.draft.base import Drafter, check_rows
 from specdec.draft.switch import DraftSwitch
@@ -138,17 +138,10 @@ def acceptance_of(cfg: DictConfig, plan: Plan) -> AcceptanceRule:
     return acceptance
 
 
-def lookup(drafter: object) -> bool:
-    """A drafter whose proposal costs one call whatever its length (prompt lookup): its acceptance is a property of
-    the text being written (how much of it repeats the prompt), not of a model pair, so one calibration prompt's
-    alpha says little about another prompt's. It starts from CostModel's optimistic prior instead, as k=auto on the
-    lookup drafter alone does; a proposal with no match costs a plain step and the lookup."""
-    return getattr(drafter, "draft_cost", None) == "per_call"
-
-
 def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoice | None:
     """k=auto with a calibrated pair's candidates (a chain): one rule for the whole run, which chooses the draft
-    and k every round, starting from the calibration's measurements (its alphas as priors, lookup's excepted, its
+    and k every round, starting from the calibration's measurements (its alphas as priors, prompt lookup's excepted:
+    specdec.choose.online.is_lookup; its
     timings as the first samples, replaced as rounds are timed); with threads=auto on the CPU, one such rule per count
     of threads probed at the start and the count chosen every round too (the start's count seeded with the calibration),
     except on a compiled target, whose graphs hold for the count they were built at (a round at another count would
@@ -157,7 +150,7 @@ def online_rule(plan: Plan, pair: Pair) -> OnlineDraftChoice | OnlineThreadChoic
     if plan.trees or plan.k != AUTO or not isinstance(switch, DraftSwitch) or pair.calibration is None:
         return None
     results = [r for r in pair.calibration.results if r.name in switch.candidates]
-    priors = {r.name: r.alpha for r in results if not math.isnan(r.alpha) and not lookup(switch.candidates[r.name])}
+    priors = {r.name: r.alpha for r in results if not math.isnan(r.alpha) and not is_lookup(switch.candidates[r.name])}
     k_max = compiled_k_max(plan.k_max, pair.target)  # no chain longer than the target's compiled graphs hold
     rule = OnlineDraftChoice(switch, k_max, prior=priors)
     step = pair.calibration.step_ms / 1000

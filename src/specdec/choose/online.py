@@ -46,6 +46,13 @@ from .cost import Choice, CostModel, Round
 LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many rounds of its learned one
 
 
+def is_lookup(drafter: object) -> bool:
+    """A drafter whose proposal costs one call whatever its length (prompt lookup): its acceptance is a property of
+    the text being written (how much of it repeats the prompt), not of a model pair, so a calibration prompt's alpha
+    says little about another prompt's; its prior learns from the run instead (LOOKUP_PRIOR_WEIGHT)."""
+    return getattr(drafter, "draft_cost", None) == "per_call"
+
+
 def best_rate(model: CostModel, limit: int, shortest: int = 0) -> tuple[int, float]:
     """The draft length in shortest..limit with the most expected tokens per second, and that rate."""
     acceptance = model.acceptance()[:limit]
@@ -90,7 +97,7 @@ class OnlineDraftChoice:
             name: CostModel(
                 k_max, d.draft_cost, clock=clock, window=window, max_age=max_age, decay=decay,
                 prior=priors.get(name, 0.9), pass_times=self.pass_times,
-                prior_weight=LOOKUP_PRIOR_WEIGHT if d.draft_cost == "per_call" else None,
+                prior_weight=LOOKUP_PRIOR_WEIGHT if is_lookup(d) else None,
             )
             for name, d in switch.candidates.items()
         }  # fmt: skip

@@ -119,12 +119,17 @@ def children_where(model: torch.nn.Module, keep) -> list[tuple[torch.nn.Module, 
             if keep(child)]
 
 
+def float32_cpu_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """(parent, attribute name, child) of every plain float32 nn.Linear on the CPU: what the packed kernel takes."""
+    return children_where(model, lambda child: type(child) is torch.nn.Linear
+                          and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
+
+
 def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
     """Swap every float32 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
-    swaps = children_where(model, lambda child: type(child) is torch.nn.Linear
-                           and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
+    swaps = float32_cpu_linears(model)
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, rows))
     return len(swaps)
@@ -137,8 +142,7 @@ def packed_int8_copy(model: torch.nn.Module) -> int:
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"quantization='packed_int8' runs on the packed kernel: {reason}")
-    swaps = children_where(model, lambda child: type(child) is torch.nn.Linear
-                           and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
+    swaps = float32_cpu_linears(model)
     for parent, name, child in swaps:
         setattr(parent, name, PackedInt8Linear(child))
     return len(swaps)
