@@ -60,6 +60,34 @@ def test_two_models_of_one_shape_keep_their_own_graphs():
         eager_model(model)
 
 
+def test_each_runtime_looks_up_its_own_graphs_and_no_guard_on_its_buffers():
+    """Dynamo keeps the graphs of one code object together and checks a call against them: each model's runtime
+    compiles its own copy of the forward's code, so a call is looked up among its own model's graphs only; and its
+    guards leave out the model's buffers (the packed kernel's panels), which stay put while it is on the runtime."""
+    from types import SimpleNamespace
+
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from specdec.runtime.compiled import skip_buffer_guards
+
+    models = [tiny_model("llama", seed=seed) for seed in (1, 2)]
+    tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))
+    runtimes = [compile_model(model, widths=(1, 2)) for model in models]
+    with torch.no_grad():
+        for model in models:
+            ragged_chain(model, tokens)
+    codes = [runtime.compiled._torchdynamo_orig_callable.__func__.__code__ for runtime in runtimes]
+    assert codes[0] is not codes[1]
+    assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [2, 2]  # widths 1 and 2, each its own
+    buffer = next(models[0].buffers())
+    entries = [SimpleNamespace(guard_type="TENSOR_MATCH", value=buffer),
+               SimpleNamespace(guard_type="TENSOR_MATCH", value=tokens),
+               SimpleNamespace(guard_type="ID_MATCH", value=buffer)]
+    assert skip_buffer_guards(models[0])(entries) == [False, True, True]
+    for model in models:
+        eager_model(model)
+
+
 def ragged_chain(model, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of passes of 1 and 2 tokens (the compiled buckets) after a 6-token prompt."""
     lm = CachedLM(model)

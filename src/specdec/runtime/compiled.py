@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+import types
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
@@ -109,7 +110,8 @@ class CompiledForward:
         options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper, frozen)
         allow_graphs(256)
         self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
-        self.compiled = torch.compile(self.run, fullgraph=True, dynamic=False, options=options)
+        self.compiled = torch.compile(own_code(type(self).run).__get__(self), fullgraph=True, dynamic=False,
+                                      options={**options, "guard_filter_fn": skip_buffer_guards(model)})
         self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,18 +151,19 @@ class CompiledForward:
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width; rows and the widest
         bucket with dynamic_width). Inputs of shapes seen before check only the guards that tell graphs apart (which
-        model, which shape), not the hundreds on the model's modules (about 1.5 ms a SmolLM2-135M pass)."""
+        shape), not the hundreds on the model's modules (about 1.5 ms a SmolLM2-135M pass), and outside inductor's
+        settings (nothing compiles there)."""
         shape = (len(inputs[0]), max(self.widths)) if self.dynamic_width else tuple(inputs[0].shape)
         seen = tuple(getattr(x, "shape", None) or getattr(getattr(x, "layers", [None])[0], "capacity", None)
                      for x in inputs)  # tensor shapes, the cache's capacity
+        if seen in self.seen:  # no compile on this path: inductor's settings stay as they are
+            try:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return (self.graphs or self.compiled)(*inputs)
+            except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
+                if "skip_guard_eval_unsafe" not in str(error):
+                    raise
         with inductor_settings(self.options):
-            if seen in self.seen:
-                try:
-                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                        return (self.graphs or self.compiled)(*inputs)
-                except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
-                    if "skip_guard_eval_unsafe" not in str(error):
-                        raise
             if self.window_slots:  # a call that may compile: its graph takes the window as dynamic
                 dynamic_window(inputs[2], inputs[3].layers[0].capacity)
             if self.dynamic_width:
@@ -195,6 +198,25 @@ class CompiledForward:
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return out
+
+
+def own_code(function):
+    """A copy of `function` with a code object of its own. Dynamo keeps the graphs of a code object together and
+    looks a call up among all of them: with one code object shared by every model, a draft's step was checked against
+    the target's graphs first, and the guards that failed there (on modules and parameters) joined the guards checked
+    on every later call, skip_guard_eval_unsafe or not: 5% of a speculative run's time on SmolLM2-135M
+    (docs/performance.md). Each runtime compiles its own copy, so a lookup sees that model's graphs only."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+
+
+def skip_buffer_guards(model: torch.nn.Module):
+    """A guard filter (torch.compile's guard_filter_fn) without the tensor guards on the model's buffers. Dynamo
+    checks every tensor that is not a parameter on every call, skip_guard_eval_unsafe or not; the packed kernel's
+    panels are buffers, one or two per linear, 211-422 of them in SmolLM2-135M. A model's buffers stay what they
+    are while it is on the runtime (eager_model takes it off), so the inputs' guards are the ones worth checking."""
+    held = {id(buffer) for buffer in model.buffers()}
+    return lambda entries: [not (entry.guard_type == "TENSOR_MATCH" and id(entry.value) in held) for entry in entries]
 
 
 RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads

@@ -51,8 +51,8 @@ def inductor_settings(options: dict[str, object]):
 
 
 def allow_graphs(count: int) -> None:
-    """Let dynamo keep `count` graphs of CompiledForward.run (one per model and shape; all models share its code
-    object), instead of silently running eager past its default of 8."""
+    """Let dynamo keep `count` graphs of a CompiledForward's code (one per shape; each model's runtime compiles its
+    own copy of it, specdec.runtime.compiled.own_code), instead of silently running eager past its default of 8."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, count)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * count)
