@@ -68,7 +68,7 @@ def test_each_runtime_looks_up_its_own_graphs_and_no_guard_on_its_buffers():
 
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from specdec.runtime.compiled import skip_buffer_guards
+    from specdec.runtime.inductor import skip_buffer_guards
 
     models = [tiny_model("llama", seed=seed) for seed in (1, 2)]
     tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-import types
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
@@ -40,6 +39,8 @@ from .inductor import (
     dynamic_window,
     inductor_settings,
     mark_width,
+    own_code,
+    skip_buffer_guards,
     use_inductor_cache,
 )
 from .masks import MASKED_BACKENDS
@@ -109,7 +110,8 @@ class CompiledForward:
         frozen = not all_packed(model)  # packed linears read their panels, not frozen weights (cpu_options)
         options = cuda_options(autotune) if cuda else cpu_options(autotune, cpp_wrapper, frozen)
         allow_graphs(256)
-        self.options = options  # applied around every call: torch.compile's options= leave freezing off (below)
+        self.options = options  # applied around every call that may compile: torch.compile's options= leave
+        # freezing off (inductor_settings)
         self.compiled = torch.compile(own_code(type(self).run).__get__(self), fullgraph=True, dynamic=False,
                                       options={**options, "guard_filter_fn": skip_buffer_guards(model)})
         self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
@@ -198,25 +200,6 @@ class CompiledForward:
         self.record.cache_misses += counters["inductor"]["fxgraph_cache_miss"] - before["miss"]
         self.record.cache_bypassed += counters["inductor"]["fxgraph_cache_bypass"] - before["bypass"]
         return out
-
-
-def own_code(function):
-    """A copy of `function` with a code object of its own. Dynamo keeps the graphs of a code object together and
-    looks a call up among all of them: with one code object shared by every model, a draft's step was checked against
-    the target's graphs first, and the guards that failed there (on modules and parameters) joined the guards checked
-    on every later call, skip_guard_eval_unsafe or not: 5% of a speculative run's time on SmolLM2-135M
-    (docs/performance.md). Each runtime compiles its own copy, so a lookup sees that model's graphs only."""
-    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                              function.__defaults__, function.__closure__)
-
-
-def skip_buffer_guards(model: torch.nn.Module):
-    """A guard filter (torch.compile's guard_filter_fn) without the tensor guards on the model's buffers. Dynamo
-    checks every tensor that is not a parameter on every call, skip_guard_eval_unsafe or not; the packed kernel's
-    panels are buffers, one or two per linear, 211-422 of them in SmolLM2-135M. A model's buffers stay what they
-    are while it is on the runtime (eager_model takes it off), so the inputs' guards are the ones worth checking."""
-    held = {id(buffer) for buffer in model.buffers()}
-    return lambda entries: [not (entry.guard_type == "TENSOR_MATCH" and id(entry.value) in held) for entry in entries]
 
 
 RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads

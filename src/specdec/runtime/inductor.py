@@ -1,10 +1,12 @@
 """Inductor's settings for the compiled runtime (specdec.runtime.compiled): what a CPU and a GPU compile with, how they
-reach inductor, how many graphs dynamo may keep, which input sizes a graph takes as symbols, and where the compiled
-code is cached on disk."""
+reach inductor, how many graphs dynamo may keep and which guards it checks, which input sizes a graph takes as
+symbols, and where the compiled code is cached on disk."""
 
 from __future__ import annotations
 
 import os
+import types
+import weakref
 
 import torch
 
@@ -52,10 +54,34 @@ def inductor_settings(options: dict[str, object]):
 
 def allow_graphs(count: int) -> None:
     """Let dynamo keep `count` graphs of a CompiledForward's code (one per shape; each model's runtime compiles its
-    own copy of it, specdec.runtime.compiled.own_code), instead of silently running eager past its default of 8."""
+    own copy of it, specdec.runtime.inductor.own_code), instead of silently running eager past its default of 8."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, count)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * count)
+
+
+def own_code(function):
+    """A copy of `function` with a code object of its own. Dynamo keeps the graphs of a code object together and
+    looks a call up among all of them: with one code object shared by every model, a draft's step was checked against
+    the target's graphs first, and the guards that failed there (on modules and parameters) joined the guards checked
+    on every later call, skip_guard_eval_unsafe or not (with the buffers' guards, skip_buffer_guards: 7% of a
+    speculative run's time on SmolLM2-135M went between the call and the graph; docs/performance.md). Each runtime compiles its own copy, so a lookup sees that model's graphs only."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+
+
+def skip_buffer_guards(model: torch.nn.Module):
+    """A guard filter (torch.compile's guard_filter_fn) without the tensor guards on the model's buffers. Dynamo
+    checks every tensor that is not a parameter on every call, skip_guard_eval_unsafe or not; the packed kernel's
+    panels are buffers, one or two per linear, 211-422 of them in SmolLM2-135M. A model's buffers stay what they
+    are while it is on the runtime (eager_model takes it off), so the inputs' guards are the ones worth checking."""
+    held = {id(buffer): weakref.ref(buffer) for buffer in model.buffers()}
+
+    def is_buffer(value) -> bool:  # by identity (an id alone may be reused once its tensor is freed)
+        ref = held.get(id(value))
+        return ref is not None and ref() is value
+
+    return lambda entries: [not (entry.guard_type == "TENSOR_MATCH" and is_buffer(entry.value)) for entry in entries]
 
 
 def inductor_cache_dir():
