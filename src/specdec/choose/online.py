@@ -20,9 +20,9 @@ decays its evidence towards its prior, so an unused draft is tried again once th
 default run gives a draft model its calibrated alpha, and prompt lookup, whose acceptance depends on the text
 rather than the pair, a prior that learns: the optimistic default counted as LOOKUP_PRIOR_WEIGHT rounds, then the
 mean beta_1 of every round lookup drafted in the run, so that on text that does not repeat its prompt, lookup is
-not tried every few rounds in place of a draft model that wins there) and its draft time (a machine that got quieter or busier). A draft
-whose newest draft timing is older than its probe gap gets one probe round at its best k >= 1; a probe that does not
-make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one
+not tried every few rounds in place of a draft model that wins there) and its draft time (a machine that got
+quieter or busier). A draft whose newest draft timing is older than its probe gap gets one probe round at its best
+k >= 1; a probe that does not make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one
 round in `probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer
 count once a newer one exists (specdec.choose.cost.RecentTimes), so a change of load reaches every estimate within a
 few rounds.

@@ -62,10 +62,11 @@ def allow_graphs(count: int) -> None:
 
 def own_code(function):
     """A copy of `function` with a code object of its own. Dynamo keeps the graphs of a code object together and
-    looks a call up among all of them: with one code object shared by every model, a draft's step was checked against
-    the target's graphs first, and the guards that failed there (on modules and parameters) joined the guards checked
-    on every later call, skip_guard_eval_unsafe or not (with the buffers' guards, skip_buffer_guards: 7% of a
-    speculative run's time on SmolLM2-135M went between the call and the graph; docs/performance.md). Each runtime compiles its own copy, so a lookup sees that model's graphs only."""
+    looks a call up among all of them: with one code object shared by every model, a draft's step is checked against
+    the target's graphs first, and the guards that fail there (on modules and parameters) join the guards checked on
+    every later call, skip_guard_eval_unsafe or not (together with the buffers' guards, skip_buffer_guards, that was
+    7% of a speculative run's time on SmolLM2-135M; docs/performance.md). Each runtime compiles its own copy, so a
+    lookup sees that model's graphs only."""
     return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                               function.__defaults__, function.__closure__)
 

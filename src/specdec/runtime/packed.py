@@ -86,9 +86,7 @@ class PackedLinear(torch.nn.Module):
         n = x.numel() // self.in_features  # rows of this pass (static under torch.compile)
         if not self.rows[0] <= n <= self.rows[1]:
             return F.linear(x, self.weight, self.bias)
-        y = torch.ops.specdec.packed_mm(x.reshape(n, self.in_features), self.packed, self.out_features)
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_mm(rows, self.packed, self.out_features))
 
 
 class PackedInt8Linear(torch.nn.Module):
@@ -106,11 +104,17 @@ class PackedInt8Linear(torch.nn.Module):
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.numel() // self.in_features
-        y = torch.ops.specdec.packed_int8_mm(x.reshape(n, self.in_features), self.packed, self.scales,
-                                             self.out_features)
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_int8_mm(rows, self.packed, self.scales,
+                                                                                   self.out_features))
+
+
+def on_rows(x: torch.Tensor, bias: torch.Tensor | None, product) -> torch.Tensor:
+    """A linear's output (..., N) for x (..., K): product of x's rows as one (n, K) matrix (the packed kernel's
+    input), back in x's shape, plus the bias."""
+    rows = x.reshape(x.numel() // x.shape[-1], x.shape[-1])
+    y = product(rows)
+    y = y.view(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y + bias
 
 
 def children_where(model: torch.nn.Module, keep) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
