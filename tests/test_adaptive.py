@@ -110,7 +110,7 @@ class ScriptedRule(CostModel):
         super().__init__(k_max)
         self.script = list(script)
 
-    def choose(self, limit, rows=1):
+    def choose(self, limit, rows=1, tokens=None):
         return Choice(min(self.script.pop(0) if self.script else self.k_max, limit))
 
 
@@ -135,7 +135,7 @@ class LoggedCostModel(CostModel):
         super().__init__(*args, **kwargs)
         self.log = []
 
-    def choose(self, limit, rows=1):
+    def choose(self, limit, rows=1, tokens=None):
         choice = super().choose(limit)
         self.log.append(("choose", limit, choice.k))
         return choice

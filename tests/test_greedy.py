@@ -106,7 +106,7 @@ class PlainStepFirst(FixedDraftLength):
         super().__init__(k)
         self.rounds = 0
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
+    def choose(self, limit: int, rows: int = 1, tokens=None) -> Choice:
         self.rounds += 1
         return Choice(0) if self.rounds == 1 else super().choose(limit)
 

@@ -107,8 +107,8 @@ def test_a_change_of_load_changes_the_draft_within_a_few_rounds():
     rounds = []  # (time at the round's start, draft)
     choose = rule.choose
 
-    def logged(limit, rows=1):
-        choice = choose(limit, rows)
+    def logged(limit, rows=1, tokens=None):
+        choice = choose(limit, rows, tokens)
         rounds.append((clock.now, choice.draft))
         return choice
 
@@ -219,8 +219,8 @@ def test_thread_choice_keeps_the_target_distribution(small_vocab_pair):
     rule = OnlineThreadChoice(rules, probe_every=2, probe_most=4)
     seen, choose = [], rule.choose
 
-    def logged(limit, rows=1):
-        choice = choose(limit, rows)
+    def logged(limit, rows=1, tokens=None):
+        choice = choose(limit, rows, tokens)
         seen.append(choice.threads)
         return choice
 
@@ -236,3 +236,42 @@ def test_thread_choice_keeps_the_target_distribution(small_vocab_pair):
     assert {1, 2} <= set(seen)
     with pytest.raises(ValueError, match="one DraftSwitch"):
         OnlineThreadChoice({1: rules[1], 2: OnlineDraftChoice(DraftSwitch(candidates(target, draft)))})
+
+
+def test_lookup_replay_scores_hits_up_to_the_first_miss():
+    """Hindsight on a lookup: the match order of the prefix, then 1.0 per proposed token that the text repeated and
+    0.0 for the first that it did not; None while the text so far cannot tell; nothing to propose without a match."""
+    lookup = NGramDrafter(max_ngram=3)
+    prefix = torch.tensor([5, 6, 7, 8, 5, 6, 7])  # "5 6 7" occurred before, followed by "8 5 6 7"
+    assert lookup.replay(prefix, [8, 5, 9], k=4) == (3, [1.0, 1.0, 0.0])
+    assert lookup.replay(prefix, [9, 8], k=4) == (3, [0.0])
+    assert lookup.replay(prefix, [8], k=4) is None  # the second proposed token is not written yet
+    assert lookup.replay(prefix, [8, 5], k=2) == (3, [1.0, 1.0])  # k tokens, all hit
+    assert lookup.replay(torch.tensor([5, 6, 9, 6]), [1], k=4) == (1, [0.0])  # only "6" occurred before
+    assert lookup.replay(torch.tensor([1, 2, 3]), [4], k=4) == (0, [])
+    assert lookup.context([prefix[None], torch.tensor([[5, 6, 9, 6]])]) == 1  # the shortest order over rows
+
+
+def test_hindsight_learns_lookup_per_context_and_drafts_with_it_where_the_text_repeats():
+    """Lookup's acceptance is learned from the text written, whichever draft ran: where the text copies its prompt,
+    lookup (free) beats a draft model (0.3 a token, alpha 0.8) in the match order of that text; where the text has
+    no match, lookup is idle; the prompt itself teaches nothing."""
+    target = tiny_model("llama", seed=0, vocab_size=128)
+    switch = DraftSwitch({"model": ModelDrafter(target), "ngram": NGramDrafter()})
+    rule = OnlineDraftChoice(switch, k_max=4, prior={"model": 0.8})
+    rule.seed({1: 1.0, 5: 1.2}, {"model": 0.3, "ngram": 0.001})
+    prompt = torch.randint(0, 60, (1, 40), generator=torch.Generator().manual_seed(0))
+    switch.start([prompt])
+    assert rule.choose(10, tokens=[prompt]).draft == "model" and rule.contexts["ngram"].keys() <= {1, 2, 3}
+    assert all(not m.first_count for m in rule.contexts["ngram"].values())  # no evidence from the prompt
+    copying = torch.cat([prompt, prompt[:, :30]], dim=1)  # the text copies 30 tokens of its prompt
+    choice = rule.choose(10, tokens=[copying])
+    assert choice.draft == "ngram" and choice.k == 4
+    assert rule.contexts["ngram"][3].acceptance()[0] > 0.9
+    assert switch.replayed == [copying.shape[1] - 3]  # the last positions wait for the tokens that decide them
+    fresh = torch.cat([copying, torch.arange(100, 110)[None]], dim=1)  # tokens never seen: no match
+    assert rule.choose(10, tokens=[fresh]).draft == "model" and rule.idle == {"ngram"}
+    assert rule.contexts["ngram"][1].acceptance()[0] < 0.5  # "100" etc. missed where the order was 1
+    switch.start([prompt, prompt[:, :5]])
+    switch.select([1])
+    assert switch.replayed == [5]  # the rows that go on keep their own place in the text

@@ -135,7 +135,7 @@ class LoggedTreeCostModel(TreeCostModel):
         super().__init__(*args, **kwargs)
         self.log = []
 
-    def choose(self, limit, rows=1):
+    def choose(self, limit, rows=1, tokens=None):
         choice = super().choose(limit)
         self.log.append(("choose", limit, choice))
         return choice

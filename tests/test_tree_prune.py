@@ -164,7 +164,7 @@ def test_bad_k_values_for_trees():
 class OneChildRule(TreeCostModel):
     """Every round: depth 1, one node (the cut keeps one of the root's i.i.d. children)."""
 
-    def choose(self, limit, rows=1):
+    def choose(self, limit, rows=1, tokens=None):
         return Choice(min(1, limit), 1)
 
 

@@ -22,8 +22,9 @@ from specdec import (
     tree_generate,
 )
 from specdec.choose.cost import Rule
-from specdec.choose.online import OnlineDraftChoice, OnlineThreadChoice, is_lookup
+from specdec.choose.online import OnlineDraftChoice, is_lookup
 from specdec.choose.rules import compiled_k_max, rule_for
+from specdec.choose.threads import OnlineThreadChoice
 from specdec.draft.base import Drafter, check_rows
 from specdec.draft.switch import DraftSwitch
 from specdec.runtime.compiled import runs_compiled

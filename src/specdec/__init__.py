@@ -2,7 +2,8 @@
 
 from .autoregressive import autoregressive_generate
 from .choose.cost import CostModel, FixedDraftLength
-from .choose.online import OnlineDraftChoice, OnlineThreadChoice
+from .choose.online import OnlineDraftChoice
+from .choose.threads import OnlineThreadChoice
 from .choose.tree_cost import TreeCostModel
 from .decoding import decode, speculative_generate, tree_generate
 from .draft.base import Drafter

@@ -169,7 +169,8 @@ def decode(
             with stopwatch(stats.seconds, "prefill", lm.device):
                 prefill(lm, drafter, state.tokens)
             while state.active:
-                choice = rule.choose(state.room(), len(state.order))  # from past rounds; never past the budget
+                choice = rule.choose(state.room(), len(state.order), state.tokens)  # from past rounds and the
+                # tokens so far (never this round's p); never past the budget
                 apply_choice(choice, drafter)
                 spent: dict[str, float] = {}
                 graphs = graphs_built()

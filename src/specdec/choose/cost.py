@@ -1,19 +1,18 @@
 """How much to speculate: draft lengths chosen each round from costs and acceptance measured online.
 
-Notation of Leviathan et al. (2023): k (their gamma) draft tokens, a_i the probability that draft
-position i is accepted given that positions 1..i-1 were. A round that drafts k tokens emits in
-expectation
+Notation of Leviathan et al. (2023): k (their gamma) draft tokens, a_i the probability that draft position i is
+accepted given that positions 1..i-1 were. A round that drafts k tokens emits in expectation
 
     E(k) = sum_{j=0..k} prod_{i<=j} a_i        (E(0) = 1: a plain target step)
 
-tokens and costs C(k) = T_pass(k + 1) + T_draft(k) seconds, with T_pass(w) the time of one target
-pass over w tokens (T_pass(1) is a plain step) and T_draft(k) the time to draft k tokens. Each round
-picks k in 0..k_max maximising E(k) / C(k), the expected tokens per second. This is Leviathan's
-Thm 3.8 with per-position acceptance and the measured pass cost in place of "1".
+tokens and costs C(k) = T_pass(k + 1) + T_draft(k) seconds, with T_pass(w) the time of one target pass over w
+tokens (T_pass(1) is a plain step) and T_draft(k) the time to draft k tokens. Each round picks k in 0..k_max
+maximising E(k) / C(k), the expected tokens per second: Leviathan's Thm 3.8 with per-position acceptance and the
+measured pass cost in place of "1".
 
-The rule looks only at earlier rounds (their times and acceptance), never at this round's target
-distribution p, so the emitted sequence keeps the target's distribution: whatever k a round uses,
-speculative sampling with that k is exact, and k is fixed before p is seen.
+The rule looks only at earlier rounds (their times and acceptance) and the tokens so far, never at this round's
+target distribution p, so the output keeps the target's distribution: whatever k a round uses, speculative
+sampling with that k is exact, and k is fixed before p is seen.
 
 Every number is measured while generating; nothing is a hard-coded timing constant:
 - T_pass(w): the median of the last `window` passes of width w that are recent (measured in the last
@@ -27,7 +26,8 @@ Every number is measured while generating; nothing is a hard-coded timing consta
   is reached (for a deterministic drafter, q_i is one-hot and beta_i = p_i(x_i)), averaged over the
   rounds that reached position i with weights that decay by `decay` per round; a position with
   little recent evidence is shrunk towards a_{i-1} (position 1 towards `prior`, or with `prior_weight` towards
-  the run's mean beta_1: prompt lookup among draft models, specdec.choose.online).
+  the run's mean beta_1: prompt lookup among draft models, specdec.choose.online). With from_rounds False the
+  model learns acceptance only from record_acceptance (lookup's hindsight, specdec.choose.online), not rounds.
 A round during which a graph of the compiled runtime compiled (specdec.runtime.compiled: a first pass of its
 shape, seconds to a minute) gives its acceptance but no times.
 
@@ -40,8 +40,8 @@ pass wider than one token and a draft have been timed. Exploration: the decay al
 evidence of positions that are no longer drafted, so after a run of plain steps a_1 drifts back
 towards the prior and drafting is tried again (unless drafting is too expensive for any acceptance).
 
-Token trees (specdec.tree_generate with k="auto"): specdec.choose.tree_cost.TreeCostModel chooses a depth and a
-node budget per round with acceptance learned per depth and sibling rank.
+Token trees (specdec.tree_generate, k="auto"): specdec.choose.tree_cost.TreeCostModel chooses a depth and a node
+budget per round with acceptance learned per depth and sibling rank.
 """
 
 from __future__ import annotations
@@ -57,21 +57,21 @@ from ..theory import best_draft_length, expected_tokens
 from .timings import RecentTimes, interpolated
 
 DraftCost = Literal["per_token", "per_call"]
+Tokens = Sequence[torch.Tensor] | None  # each row's tokens so far, (1, L) each, as the loop passes them to a rule
 DRAFT_COSTS = ("per_token", "per_call")
 
 
 @dataclass(frozen=True)
 class Choice:
-    """A round's draft length k (a tree: its depth; 0: a plain target step; None: as deep as the drafter
-    likes within the budget), a tree's node budget (None: no pruning), and the model's E and C (None while
-    warming up or for a fixed rule)."""
+    """A round's draft length k (a tree: its depth; 0: a plain target step; None: as deep as the drafter likes
+    within the budget), a tree's node budget (None: no pruning), and the model's E and C (None: warm-up, fixed)."""
 
     k: int | None
     nodes: int | None = None
     expected_tokens: float | None = None
     seconds: float | None = None
     draft: str | None = None  # the candidate chosen online (specdec.choose.online; "": no draft), None: one drafter
-    threads: int | None = None  # the torch thread count chosen online (specdec.choose.online.OnlineThreadChoice)
+    threads: int | None = None  # the torch thread count chosen online (specdec.choose.threads.OnlineThreadChoice)
 
     @property
     def prediction(self) -> tuple[float, float] | None:
@@ -100,7 +100,7 @@ class FixedDraftLength:
     def __init__(self, k: int | None):
         self.k = k
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
+    def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         return Choice(None if self.k is None else min(self.k, limit))
 
     def observe(self, round: Round) -> None:
@@ -112,9 +112,9 @@ class Rule(Protocol):
 
     clock: Callable[[], float] | None  # the clock the rule reads round times with; None: it reads none
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
+    def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         """This round's draft length (and node budget) for the `rows` rows still decoding, at most `limit` (tokens
-        left in the budget, minus one)."""
+        left in the budget, minus one); tokens: each row's tokens so far (1, L), which a rule may read (never p)."""
 
     def observe(self, round: Round) -> None:
         """A finished round."""
@@ -174,6 +174,7 @@ class CostModel:
         self.overlap_weight = [0.0] * k_max  # decayed count of those rounds
         self.prior_weight = prior_weight
         self.first_sum, self.first_count = 0.0, 0  # beta_1 summed over every round that reached position 1
+        self.from_rounds = True  # observe learns each round's acceptance (False: only record_acceptance calls)
 
     # measurements -----------------------------------------------------------------------------------
 
@@ -182,8 +183,7 @@ class CostModel:
         self.pass_times.setdefault(width, RecentTimes(self.window, self.max_age)).add(self.round, seconds)
 
     def record_draft(self, tokens: int, seconds: float, rows: int = 1) -> None:
-        """A drafter call proposing `tokens` tokens per row for `rows` rows took `seconds` (an empty proposal
-        counts per call only)."""
+        """A drafter call proposing `tokens` tokens per row for `rows` rows took `seconds` (empty: per call only)."""
         if self.draft_cost == "per_call" or tokens:
             unit = seconds if self.draft_cost == "per_call" else seconds / tokens
             self.draft_times.setdefault(rows, RecentTimes(self.window, self.max_age)).add(self.round, unit)
@@ -191,9 +191,8 @@ class CostModel:
     def record_acceptance(self, *rows: Sequence[float]) -> None:
         """One round: each row's beta_i = sum_x min(p_i, q_i) at the positions i = 1..len it reached (one argument
         per row; none: the evidence only decays)."""
-        for i in range(self.k_max):
-            self.overlap_sum[i] *= self.decay
-            self.overlap_weight[i] *= self.decay
+        self.overlap_sum = [total * self.decay for total in self.overlap_sum]
+        self.overlap_weight = [weight * self.decay for weight in self.overlap_weight]
         for row in rows:
             if row:
                 self.first_sum, self.first_count = self.first_sum + row[0], self.first_count + 1
@@ -212,7 +211,8 @@ class CostModel:
                 self.record_draft(drafted, round.seconds["draft"], rows)
             self.record_pass(rows * (drafted + 1), round.seconds["verify"])
             self.plain_timed |= drafted == 0
-        self.record_acceptance(*(o.tolist() for o in round.overlaps))  # (observed,) each -> host
+        if self.from_rounds:
+            self.record_acceptance(*(o.tolist() for o in round.overlaps))  # (observed,) each -> host
 
     # estimates --------------------------------------------------------------------------------------
 
@@ -268,9 +268,9 @@ class CostModel:
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
+    def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         """The draft length for the next round of `rows` rows, at most `limit` (tokens left in the budget, minus
-        one)."""
+        one); the tokens so far are not read."""
         limit = min(limit, self.k_max)
         if not self.ready:  # warm-up: a plain step, then the longest draft, until both are timed
             return Choice(limit if self.timed_plain else 0)

@@ -15,33 +15,39 @@ loop instead (specdec.decoding), made each round from measurements of earlier ro
 Notation of Leviathan et al.: a round with draft d and length k is expected to emit E_d(k) tokens and to cost
 C_d(k) = T_pass(k + 1) + T_draft,d(k) seconds; the rule picks argmax over (d, k) of E_d(k) / C_d(k).
 
+Context and hindsight. Prompt lookup's acceptance depends on the text being written, not on a model pair: a round
+whose last three tokens occurred before is accepted far more often than one where only the last token did, and a
+text that copies its prompt far more often than one that does not. A candidate with `context` and `replay`
+(specdec.NGramDrafter: the match order) has a CostModel per context, sharing its draft timings. Its acceptance is
+learned in hindsight at every position of the text, whichever draft ran: what a lookup there would have proposed
+against the tokens that followed, the target's own (NGramDrafter.replay; a hit has probability p_i(x_i), beta_i
+of a one-hot draft). Each round rates it on the model of the tokens so far; context 0 (no match) leaves it out.
+
 Exploration at a bounded cost. Two estimates go stale for a draft that is not used: its acceptance (each round
 decays its evidence towards its prior, so an unused draft is tried again once the prior says it would win; the
-default run gives a draft model its calibrated alpha, and prompt lookup, whose acceptance depends on the text
-rather than the pair, a prior that learns: the optimistic default counted as LOOKUP_PRIOR_WEIGHT rounds, then the
-mean beta_1 of every round lookup drafted in the run, so that on text that does not repeat its prompt, lookup is
-not tried every few rounds in place of a draft model that wins there) and its draft time (a machine that got
-quieter or busier). A draft whose newest draft timing is older than its probe gap gets one probe round at its best
-k >= 1; a probe that does not make it the best doubles its gap (up to `probe_most` rounds), one that does resets it. The probes are at most one
-round in `probe_every`, and fewer the longer a draft keeps losing. Timings older than `max_age` rounds no longer
-count once a newer one exists (specdec.choose.cost.RecentTimes), so a change of load reaches every estimate within a
-few rounds.
+default run gives a draft model its calibrated alpha, prompt lookup an optimistic prior counted as
+LOOKUP_PRIOR_WEIGHT positions, then the mean beta_1 of its evidence in that context) and its draft time (a machine
+that got quieter or busier). A draft whose newest draft timing is older than its probe gap gets one probe round at
+its best k >= 1; a probe that does not make it the best doubles its gap (up to `probe_most` rounds), one that does
+resets it. The probes are at most one round in `probe_every`, and fewer the longer a draft keeps losing. A draft
+learnt in hindsight is not probed: its acceptance is never stale, and a lookup's draft time is microseconds.
+Timings older than `max_age` rounds no longer count once a newer one exists (specdec.choose.cost.RecentTimes), so
+a change of load reaches every estimate within a few rounds.
 
-Exactness: every choice is a function of earlier rounds only (their times and acceptance), never of this
-round's target distribution p. Given the past, the round is speculative sampling with a fixed draft and a fixed
-k, which emits the target's distribution (notebook 01, section 9); so the whole output is exact, whatever the
-machine's load does to the choices.
+Exactness: every choice is a function of earlier rounds (their times and acceptance) and of the tokens so far,
+never of this round's target distribution p. Given the past, the round is speculative sampling with a fixed draft
+and a fixed k, which emits the target's distribution (notebook 01, section 9); so the whole output is exact,
+whatever the machine's load does to the choices.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from ..draft.switch import DraftSwitch
 from ..theory import best_draft_length, expected_tokens
-from .cost import Choice, CostModel, Round
+from .cost import Choice, CostModel, Round, Tokens
 
 LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many rounds of its learned one
 
@@ -87,20 +93,19 @@ class OnlineDraftChoice:
     ):
         if not 1 <= probe_every <= probe_most:
             raise ValueError(f"need 1 <= probe_every <= probe_most, got {probe_every} and {probe_most}")
-        self.switch = switch
-        self.clock = clock
-        self.k_max = k_max
+        self.switch, self.clock, self.k_max = switch, clock, k_max
         self.probe_every, self.probe_most = probe_every, probe_most
         self.pass_times: dict = {}  # width -> RecentTimes, shared by every candidate's model
         priors = dict(prior) if isinstance(prior, Mapping) else {name: prior for name in switch.candidates}
-        self.models = {
-            name: CostModel(
-                k_max, d.draft_cost, clock=clock, window=window, max_age=max_age, decay=decay,
-                prior=priors.get(name, 0.9), pass_times=self.pass_times,
-                prior_weight=LOOKUP_PRIOR_WEIGHT if is_lookup(d) else None,
-            )
-            for name, d in switch.candidates.items()
-        }  # fmt: skip
+        self.new_model = lambda name: CostModel(
+            k_max, switch.candidates[name].draft_cost, clock=clock, window=window, max_age=max_age, decay=decay,
+            prior=priors.get(name, 0.9), pass_times=self.pass_times,
+            prior_weight=LOOKUP_PRIOR_WEIGHT if is_lookup(switch.candidates[name]) else None,
+        )  # fmt: skip
+        self.models = {name: self.new_model(name) for name in switch.candidates}  # each candidate's model now
+        # a candidate whose acceptance depends on the text (lookup): a model per context, sharing its draft timings
+        self.contexts: dict[str, dict] = {n: {} for n, d in switch.candidates.items() if hasattr(d, "replay")}
+        self.idle: set[str] = set()  # candidates with nothing to propose for the tokens so far
         self.round = 0
         self.gap = {name: probe_every for name in self.models}  # rounds before the next probe of each
         self.best: str | None = None  # the candidate the last non-probe choice preferred
@@ -116,21 +121,70 @@ class OnlineDraftChoice:
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
-        """This round's draft and draft length (0: a plain target step), at most `limit` tokens (one row)."""
+    def hindsight(self, tokens: Tokens) -> list[tuple[str, int, list[float]]]:
+        """Each contextual candidate's replay (NGramDrafter.replay) at every position of every row written since the
+        last call and decided by now: (candidate, context, scores). The rows' positions are kept by the switch."""
+        evidence = []
+        for b, row in enumerate(tokens or ()):
+            seq, t = row[0], self.switch.replayed[b]
+            text = seq.tolist()
+            while t < len(text):
+                replays = {n: self.switch.candidates[n].replay(seq[:t], text[t:], self.k_max) for n in self.contexts}
+                if None in replays.values():
+                    break
+                evidence += [(name, *replay) for name, replay in replays.items() if replay[0]]
+                t += 1
+            self.switch.replayed[b] = t
+        return evidence
+
+    def learn(self, evidence: list[tuple[str, int, list[float]]]) -> None:
+        """Hindsight scores into each candidate's model of their context (one record each: the decay is per
+        position looked back on)."""
+        for name, key, scores in evidence:
+            self.context_model(name, key).record_acceptance(scores)
+
+    def context_model(self, name: str, key: int) -> CostModel:
+        """The candidate's model for a context; a context seen first gets a fresh one that shares the candidate's
+        draft timings and learns acceptance from hindsight only."""
+        models = self.contexts[name]
+        if key not in models:
+            models[key] = self.new_model(name)
+            models[key].draft_times, models[key].from_rounds = self.models[name].draft_times, False
+        return models[key]
+
+    def follow(self, tokens: Tokens) -> None:
+        """Put in place each contextual candidate's model for the tokens so far (its context: lookup's match order);
+        a candidate whose context is 0 has nothing to propose this round (idle). No tokens: one model each."""
+        self.idle = set()
+        for name in self.contexts if tokens is not None else ():
+            key = self.switch.candidates[name].context(tokens)
+            if not key:
+                self.idle.add(name)
+                continue
+            self.models[name] = self.context_model(name, key)
+            self.models[name].round = self.round
+
+    def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
+        """This round's draft and draft length (0: a plain target step), at most `limit` tokens (one row); a
+        contextual candidate is rated on its model for the tokens so far (follow)."""
         limit = min(limit, self.k_max)
+        self.learn(self.hindsight(tokens))
+        self.follow(tokens)
         if limit == 0 or 1 not in self.pass_times:  # nothing to draft, or T_pass(1) not timed yet
             return Choice(0, draft="")
-        unready = [name for name, m in self.models.items() if not m.ready]
+        able = {name: m for name, m in self.models.items() if name not in self.idle}
+        unready = [name for name, m in able.items() if not m.ready]
         if unready:  # warm-up: each candidate drafts the longest draft once, which times it and a wide pass
             return self.draft(unready[0], limit)
-        rated = {name: best_rate(m, limit) for name, m in self.models.items()}
+        if not able:
+            return Choice(0, draft="")
+        rated = {name: best_rate(m, limit) for name, m in able.items()}
         best = max(rated, key=lambda name: rated[name][1])
         if self.best != best:
             self.gap[best] = self.probe_every
         self.best = best
         drafting = best if rated[best][0] else None  # a plain step times no draft: every draft can go stale
-        stale = [name for name in self.models if name != drafting and self.age(name) >= self.gap[name]]
+        stale = [n for n in able if n != drafting and n not in self.contexts and self.age(n) >= self.gap[n]]
         if stale:  # the draft timed longest ago, at its best k >= 1
             name = max(stale, key=self.age)
             self.gap[name] = min(2 * self.gap[name], self.probe_most)
@@ -144,11 +198,12 @@ class OnlineDraftChoice:
         return all(m.ready for m in self.models.values())
 
     def predicted_rate(self, limit: int) -> float | None:
-        """The most expected tokens per second any (draft, k <= limit) is predicted to give now; None while any
-        candidate is unmeasured."""
+        """The most expected tokens per second any (draft, k <= limit) is predicted to give now (an idle candidate:
+        a plain step's); None while any candidate is unmeasured."""
         if not self.ready:
             return None
-        return max(best_rate(m, min(limit, self.k_max))[1] for m in self.models.values())
+        limit = min(limit, self.k_max)
+        return max(1.0 / m.cost(0) if name in self.idle else best_rate(m, limit)[1] for name, m in self.models.items())
 
     def draft(self, name: str, k: int) -> Choice:
         """Candidate `name` for a round of k draft tokens, with its model's E(k) and C(k) once it can."""
@@ -175,98 +230,6 @@ class OnlineDraftChoice:
                 model.observe(round)  # a plain step: times the pass (the shared table) and decays
             else:
                 model.round += 1
-                model.record_acceptance()
-        self.round += 1
-
-
-class OnlineThreadChoice:
-    """The torch thread count chosen every round as well: one OnlineDraftChoice per count (its own timings, since the
-    count changes what every pass and every draft step costs, and on a busy machine more threads can be slower),
-    and each round the count whose rule predicts the most tokens per second. A count not in use is probed as a
-    draft is (after a gap that doubles while it keeps losing): while its rule has not timed everything, by a round
-    shaped as the best count's last one (the same draft and k), and it is rated by that pass's time against the
-    best count's; its rule warms up only once that rating makes it the best. Like every choice here it reads only earlier rounds: exact.
-
-    The rule only decides: each Choice names its count (`threads`) and its candidate (`draft`), and the decoding
-    loop applies them (specdec.decoding.apply_choice sets torch's thread count and restores the caller's at the
-    end of the call).
-    """
-
-    trees = False
-    draft_cost = None  # each inner rule prices its candidates as their drafters say
-
-    def __init__(
-        self,
-        rules: Mapping[int, OnlineDraftChoice],
-        *,
-        probe_every: int = 16,
-        probe_most: int = 128,
-    ):
-        if not rules:
-            raise ValueError("OnlineThreadChoice needs a rule for at least one thread count")
-        if len({id(r.switch) for r in rules.values()}) > 1:
-            raise ValueError("the rules of every thread count must select in one DraftSwitch")
-        if not 1 <= probe_every <= probe_most:
-            raise ValueError(f"need 1 <= probe_every <= probe_most, got {probe_every} and {probe_most}")
-        self.rules = dict(rules)
-        first = next(iter(self.rules.values()))
-        self.switch, self.clock = first.switch, first.clock
-        self.probe_every, self.probe_most = probe_every, probe_most
-        self.round = 0
-        self.last: dict[int, int | None] = dict.fromkeys(self.rules)  # the round each count last ran
-        self.gap = dict.fromkeys(self.rules, probe_every)
-        self.best: int | None = None
-        self.current: int | None = None  # the count of the round being decided
-        self.last_round: tuple[int, str] = (0, "")  # the best count's last (k, draft): what a probe repeats
-        self.probe_width: dict[int, int] = {}  # the pass width each unmeasured count was last probed with
-
-    def age(self, threads: int) -> int:
-        last = self.last[threads]
-        return self.round + 1 if last is None else self.round - last
-
-    def pass_seconds(self, threads: int, width: int) -> float:
-        return next(iter(self.rules[threads].models.values())).pass_seconds(width)
-
-    def rates(self, limit: int) -> dict[int, float | None]:
-        """Each count's predicted tokens per second: its rule's, or, for a count whose rule has not timed
-        everything, the best measured count's rate scaled by the two counts' times of the pass the count was last
-        probed with (a thread count changes the draft's steps and the target's alike); None: never timed."""
-        rated = {t: r.predicted_rate(limit) for t, r in self.rules.items()}
-        known = {t: rate for t, rate in rated.items() if rate is not None}
-        if known:
-            top = max(known, key=known.get)
-            for t, rate in rated.items():
-                if rate is None and t in self.probe_width:
-                    width = self.probe_width[t]
-                    rated[t] = known[top] * self.pass_seconds(top, width) / self.pass_seconds(t, width)
-        return rated
-
-    def choose(self, limit: int, rows: int = 1) -> Choice:
-        """The count with the best predicted rate (its rule warms up first if it has not timed everything), or a
-        probe of a count not in use: its rule's choice, or a plain step while that rule is unmeasured."""
-        rated = self.rates(limit)
-        scored = [t for t, rate in rated.items() if rate is not None]
-        best = max(scored, key=rated.get) if scored else next(iter(self.rules))
-        if best != self.best:
-            self.gap[best] = self.probe_every
-        self.best = best
-        stale = [t for t in self.rules if t != best and self.age(t) >= self.gap[t]]
-        threads = max(stale, key=self.age) if stale else best
-        if stale:
-            self.gap[threads] = min(2 * self.gap[threads], self.probe_most)
-        self.current = threads
-        if threads != best and not self.rules[threads].ready:  # a probe: the best count's last round, at this count
-            k, draft = self.last_round
-            k = min(k, limit)
-            self.probe_width[threads] = k + 1
-            return Choice(k, draft=draft if k else "", threads=threads)
-        choice = self.rules[threads].choose(limit)
-        if threads == best:
-            self.last_round = (choice.k or 0, choice.draft or "")
-        return replace(choice, threads=threads)
-
-    def observe(self, round: Round) -> None:
-        for threads, rule in self.rules.items():  # every rule's timings age by the same rounds
-            rule.observe(round) if threads == self.current else rule.skip()
-        self.last[self.current] = self.round
+                if model.from_rounds:
+                    model.record_acceptance()
         self.round += 1

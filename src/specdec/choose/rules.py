@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..draft.switch import DraftSwitch
 from .cost import CostModel, FixedDraftLength, Rule, check_draft_cost
-from .online import OnlineDraftChoice, OnlineThreadChoice
+from .online import OnlineDraftChoice
+from .threads import OnlineThreadChoice
 from .tree_cost import TreeCostModel
 
 K_MAX = 8  # the longest draft k="auto" may choose when the caller does not say

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..verify.tree import children_of
-from .cost import Choice, CostModel, DraftCost, Round
+from .cost import Choice, CostModel, DraftCost, Round, Tokens
 
 
 def breadth_first(depths: Sequence[int]) -> list[int]:
@@ -140,7 +140,7 @@ class TreeCostModel(CostModel):
 
     # the rule ---------------------------------------------------------------------------------------
 
-    def choose(self, limit: int, rows: int = 1) -> Choice:
+    def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         """Depth and node budget for the next round (one row): depth at most `limit` (the budget) and k_max, at most
         max_nodes nodes. Reads only earlier rounds."""
         limit = min(limit, self.k_max)

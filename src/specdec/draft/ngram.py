@@ -26,15 +26,30 @@ class NGramDrafter(RowDrafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
+    def orders(self, seq: torch.Tensor) -> range:
+        """The suffix lengths n tried, longest first."""
+        return range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1)
+
+    @staticmethod
+    def occurrences(seq: torch.Tensor, n: int) -> torch.Tensor:
+        """Start positions of the earlier occurrences of seq's last n tokens that have a successor."""
+        windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
+        return (windows == seq[-n:]).all(dim=-1).nonzero()
+
     def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
-        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
-            windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
-            hits = (windows == seq[-n:]).all(dim=-1).nonzero()
+        for n in self.orders(seq):
+            hits = self.occurrences(seq, n)
             if hits.numel():
                 start = int(hits[-1]) + n
                 return seq[start : start + k]
         return seq[:0]
+
+    def context(self, sequences: list[torch.Tensor]) -> int:
+        """The match order of the round: the longest suffix n that occurred before, the shortest such n over the
+        rows (0: some row has no match, nothing to propose). How much of a lookup is accepted depends on it far
+        more than on the model pair: an online rule (specdec.choose.online) learns acceptance per order."""
+        return min(next((n for n in self.orders(s[0]) if self.occurrences(s[0], n).numel()), 0) for s in sequences)
 
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """Up to k tokens: a match's continuation, matched again from its end while it is shorter than k.
@@ -48,6 +63,24 @@ class NGramDrafter(RowDrafter):
                 break
             found = torch.cat([found, more])
         return found
+
+    def replay(self, prefix: torch.Tensor, continuation: list[int], k: int) -> tuple[int, list[float]] | None:
+        """Hindsight on the text written: the context of `prefix` (L,) and how a lookup of k tokens there would have
+        fared against the tokens that followed (`continuation`): per position up to the first miss, 1.0 for a hit and
+        0.0 for the miss. A sampled token hits with probability p_i(x_i), beta_i of a one-hot draft, so these are
+        unbiased samples of the acceptance a round would have seen. None: every proposed token known so far hit and
+        more are to come; (0, []): nothing to propose there."""
+        order = self.context([prefix[None]])
+        if not order:
+            return 0, []
+        scores = []
+        for i, token in enumerate(self.lookup(prefix, k).tolist()):
+            if i >= len(continuation):
+                return None
+            scores.append(float(token == continuation[i]))
+            if not scores[-1]:
+                break
+        return order, scores
 
     def propose_row(
         self, sequence: torch.Tensor, k: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None

@@ -23,6 +23,7 @@ class DraftSwitch:
         if not candidates:
             raise ValueError("DraftSwitch needs at least one candidate drafter")
         self.candidates = dict(candidates)
+        self.replayed: list[int] = []  # per row, the tokens a rule has looked back on (specdec.choose.online)
         self.default = next(iter(self.candidates)) if default is None else default
         self.use(self.default)
         widths = [d.vocab_size for d in self.candidates.values() if d.vocab_size]
@@ -49,6 +50,7 @@ class DraftSwitch:
 
     def start(self, prompts: list[torch.Tensor]) -> None:
         self.use(self.default)
+        self.replayed = [prompt.shape[-1] for prompt in prompts]  # the prompts are not the target's text
         for drafter in self.candidates.values():
             drafter.start(prompts)
 
@@ -63,5 +65,6 @@ class DraftSwitch:
             drafter.rollback(lengths)
 
     def select(self, rows: list[int]) -> None:
+        self.replayed = [self.replayed[i] for i in rows]
         for drafter in self.candidates.values():
             drafter.select(rows)
