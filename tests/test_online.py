@@ -261,6 +261,7 @@ def test_hindsight_learns_lookup_per_context_and_drafts_with_it_where_the_text_r
     rule = OnlineDraftChoice(switch, k_max=4, prior={"model": 0.8})
     rule.seed({1: 1.0, 5: 1.2}, {"model": 0.3, "ngram": 0.001})
     prompt = torch.randint(0, 60, (1, 40), generator=torch.Generator().manual_seed(0))
+    assert rule.choose(10, tokens=[prompt]).draft == "model" and not rule.hindsight([prompt])  # rows not started
     switch.start([prompt])
     assert rule.choose(10, tokens=[prompt]).draft == "model" and rule.contexts["ngram"].keys() <= {1, 2, 3}
     assert all(not m.first_count for m in rule.contexts["ngram"].values())  # no evidence from the prompt

@@ -124,8 +124,10 @@ class OnlineDraftChoice:
     def hindsight(self, tokens: Tokens) -> list[tuple[str, int, list[float]]]:
         """Each contextual candidate's replay (NGramDrafter.replay) at every position of every row written since the
         last call and decided by now: (candidate, context, scores). The rows' positions are kept by the switch."""
-        evidence = []
-        for b, row in enumerate(tokens or ()):
+        evidence, rows = [], list(tokens or ())
+        if len(rows) != len(self.switch.replayed):  # rows the switch did not start (a rule asked directly): no text
+            return evidence
+        for b, row in enumerate(rows):
             seq, t = row[0], self.switch.replayed[b]
             text = seq.tolist()
             while t < len(text):
