@@ -260,19 +260,45 @@ def test_hindsight_learns_lookup_per_context_and_drafts_with_it_where_the_text_r
     switch = DraftSwitch({"model": ModelDrafter(target), "ngram": NGramDrafter()})
     rule = OnlineDraftChoice(switch, k_max=4, prior={"model": 0.8})
     rule.seed({1: 1.0, 5: 1.2}, {"model": 0.3, "ngram": 0.001})
-    prompt = torch.randint(0, 60, (1, 40), generator=torch.Generator().manual_seed(0))
-    assert rule.choose(10, tokens=[prompt]).draft == "model" and not rule.hindsight([prompt])  # rows not started
+    words = torch.randint(0, 60, (1, 39), generator=torch.Generator().manual_seed(0))
+    prompt = torch.cat([words, torch.tensor([[61]])], dim=1)  # its last token occurs nowhere before it
+    assert rule.hindsight([prompt]) == []  # rows the switch has not started: nothing to look back on
     switch.start([prompt])
-    assert rule.choose(10, tokens=[prompt]).draft == "model" and rule.contexts["ngram"].keys() <= {1, 2, 3}
-    assert all(not m.first_count for m in rule.contexts["ngram"].values())  # no evidence from the prompt
+    assert rule.choose(10, tokens=[prompt]).draft == "model" and rule.idle == {"ngram"}
+    assert rule.contexts["ngram"] == {}  # no evidence from the prompt
     copying = torch.cat([prompt, prompt[:, :30]], dim=1)  # the text copies 30 tokens of its prompt
     choice = rule.choose(10, tokens=[copying])
     assert choice.draft == "ngram" and choice.k == 4
-    assert rule.contexts["ngram"][3].acceptance()[0] > 0.9
+    third = rule.contexts["ngram"][3]
+    assert third.acceptance()[0] > 0.9
     assert switch.replayed == [copying.shape[1] - 3]  # the last positions wait for the tokens that decide them
-    fresh = torch.cat([copying, torch.arange(100, 110)[None]], dim=1)  # tokens never seen: no match
+    records, first = third.first_count, third.acceptance()[0]
+    fresh = torch.cat([copying, torch.arange(100, 110)[None]], dim=1)  # tokens never seen: no match after the first
     assert rule.choose(10, tokens=[fresh]).draft == "model" and rule.idle == {"ngram"}
-    assert rule.contexts["ngram"][1].acceptance()[0] < 0.5  # "100" etc. missed where the order was 1
+    assert third.first_count == records + 4  # the 3 waiting positions, then the miss at "100"; none after it
+    assert third.acceptance()[0] < first
+    assert switch.replayed == [fresh.shape[1]]
     switch.start([prompt, prompt[:, :5]])
     switch.select([1])
     assert switch.replayed == [5]  # the rows that go on keep their own place in the text
+
+
+def test_a_thread_probe_does_not_repeat_a_lookup_that_has_no_match_now():
+    """A count not yet measured is probed with the best count's last round; when that round drafted with lookup
+    and the text now has no match, the probe is a plain step (a 1-token pass), not a lookup that proposes nothing
+    timed as a wider pass."""
+    target = tiny_model("llama", seed=0, vocab_size=128)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])  # no token occurs twice: lookup has no match
+
+    def probe(last_round):
+        switch = DraftSwitch({"model": ModelDrafter(target), "ngram": NGramDrafter()})
+        rules = {t: OnlineDraftChoice(switch, k_max=4) for t in (2, 1)}
+        rules[2].seed({1: 1.0, 5: 1.2}, {"model": 0.3, "ngram": 0.001})  # count 2 measured, count 1 not
+        rule = OnlineThreadChoice(rules, probe_every=1, probe_most=4)
+        switch.start([prompt])
+        rule.last_round = last_round
+        choice = rule.choose(10, tokens=[prompt])
+        return choice.threads, choice.k, choice.draft, rule.probe_width[1]
+
+    assert probe((4, "ngram")) == (1, 0, "", 1)
+    assert probe((4, "model")) == (1, 4, "model", 5)  # a draft that can propose: the round repeated

@@ -129,7 +129,7 @@ class CostModel:
     token count, T_step by the row count (the nearest measured count stands in for an unseen one). On a machine
     where a pass costs about its token count (a CPU at large R) C_R(k) grows like k + 1 and E(k) / C_R(k) falls
     below E(0) / C_R(0): k = 0, plain decoding, is then chosen. Acceptance is pooled over rows (each row's beta_i at
-    the positions it reached), decayed once per round.
+    the positions it reached), decayed once per record (a round; from_rounds False: a position looked back on).
 
     clock: seconds as a float (time.perf_counter); inject a fake clock to make choices reproducible.
     window: recent timings kept per width (median). max_age: rounds after which a timing no longer counts

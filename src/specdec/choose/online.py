@@ -45,11 +45,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+import torch
+
 from ..draft.switch import DraftSwitch
 from ..theory import best_draft_length, expected_tokens
 from .cost import Choice, CostModel, Round, Tokens
 
-LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many rounds of its learned one
+LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many records of its learned one
 
 
 def is_lookup(drafter: object) -> bool:
@@ -68,7 +70,7 @@ def best_rate(model: CostModel, limit: int, shortest: int = 0) -> tuple[int, flo
 
 class OnlineDraftChoice:
     """A rule for chains (specdec.decoding): each round the candidate and draft length 0..k_max with the most
-    expected tokens per second, from earlier rounds only; see the module's docstring.
+    expected tokens per second, from earlier rounds and the tokens so far only; see the module's docstring.
 
     switch: the DraftSwitch the loop drafts with (this rule selects in it). prior: a_1 before evidence, one value
     or one per candidate (the calibrated alphas). probe_every / probe_most: the shortest and longest gap, in
@@ -103,6 +105,7 @@ class OnlineDraftChoice:
             prior_weight=LOOKUP_PRIOR_WEIGHT if is_lookup(switch.candidates[name]) else None,
         )  # fmt: skip
         self.models = {name: self.new_model(name) for name in switch.candidates}  # each candidate's model now
+        self.base = dict(self.models)  # the models of a call without tokens (no context)
         # a candidate whose acceptance depends on the text (lookup): a model per context, sharing its draft timings
         self.contexts: dict[str, dict] = {n: {} for n, d in switch.candidates.items() if hasattr(d, "replay")}
         self.idle: set[str] = set()  # candidates with nothing to propose for the tokens so far
@@ -125,11 +128,11 @@ class OnlineDraftChoice:
         """Each contextual candidate's replay (NGramDrafter.replay) at every position of every row written since the
         last call and decided by now: (candidate, context, scores). The rows' positions are kept by the switch."""
         evidence, rows = [], list(tokens or ())
-        if len(rows) != len(self.switch.replayed):  # rows the switch did not start (a rule asked directly): no text
-            return evidence
+        if not self.contexts or len(rows) != len(self.switch.replayed):  # no such candidate, or rows the switch
+            return evidence  # did not start (a rule asked directly): nothing to look back on
         for b, row in enumerate(rows):
-            seq, t = row[0], self.switch.replayed[b]
-            text = seq.tolist()
+            text, t = row[0].tolist(), self.switch.replayed[b]
+            seq = torch.tensor(text)  # on the host: a lookup's searches are many small steps
             while t < len(text):
                 replays = {n: self.switch.candidates[n].replay(seq[:t], text[t:], self.k_max) for n in self.contexts}
                 if None in replays.values():
@@ -156,8 +159,11 @@ class OnlineDraftChoice:
 
     def follow(self, tokens: Tokens) -> None:
         """Put in place each contextual candidate's model for the tokens so far (its context: lookup's match order);
-        a candidate whose context is 0 has nothing to propose this round (idle). No tokens: one model each."""
+        a candidate whose context is 0 has nothing to propose this round (idle). No tokens: the models without
+        context."""
         self.idle = set()
+        if tokens is None:
+            self.models.update({name: self.base[name] for name in self.contexts})
         for name in self.contexts if tokens is not None else ():
             key = self.switch.candidates[name].context(tokens)
             if not key:
@@ -169,9 +175,13 @@ class OnlineDraftChoice:
     def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         """This round's draft and draft length (0: a plain target step), at most `limit` tokens (one row); a
         contextual candidate is rated on its model for the tokens so far (follow)."""
-        limit = min(limit, self.k_max)
         self.learn(self.hindsight(tokens))
         self.follow(tokens)
+        return self.decide(limit)
+
+    def decide(self, limit: int) -> Choice:
+        """choose, once hindsight is learned and the contexts followed."""
+        limit = min(limit, self.k_max)
         if limit == 0 or 1 not in self.pass_times:  # nothing to draft, or T_pass(1) not timed yet
             return Choice(0, draft="")
         able = {name: m for name, m in self.models.items() if name not in self.idle}
@@ -179,7 +189,7 @@ class OnlineDraftChoice:
         if unready:  # warm-up: each candidate drafts the longest draft once, which times it and a wide pass
             return self.draft(unready[0], limit)
         if not able:
-            return Choice(0, draft="")
+            return self.plain_step()
         rated = {name: best_rate(m, limit) for name, m in able.items()}
         best = max(rated, key=lambda name: rated[name][1])
         if self.best != best:
@@ -192,7 +202,11 @@ class OnlineDraftChoice:
             self.gap[name] = min(2 * self.gap[name], self.probe_most)
             return self.draft(name, best_rate(self.models[name], limit, shortest=1)[0])
         k = rated[best][0]
-        return self.draft(best, k) if k else Choice(0, expected_tokens=1.0, seconds=self.models[best].cost(0), draft="")
+        return self.draft(best, k) if k else self.plain_step()
+
+    def plain_step(self) -> Choice:
+        """k = 0, predicted: one token at the cost of one target step."""
+        return Choice(0, expected_tokens=1.0, seconds=next(iter(self.models.values())).cost(0), draft="")
 
     @property
     def ready(self) -> bool:

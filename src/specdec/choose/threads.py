@@ -17,7 +17,7 @@ class OnlineThreadChoice:
     and each round the count whose rule predicts the most tokens per second. A count not in use is probed as a
     draft is (after a gap that doubles while it keeps losing): while its rule has not timed everything, by a round
     shaped as the best count's last one (the same draft and k), and it is rated by that pass's time against the
-    best count's; its rule warms up only once that rating makes it the best. Like every choice here it reads only earlier rounds: exact.
+    best count's; its rule warms up only once that rating makes it the best. Like every choice here it reads only earlier rounds and the tokens so far: exact.
 
     The rule only decides: each Choice names its count (`threads`) and its candidate (`draft`), and the decoding
     loop applies them (specdec.decoding.apply_choice sets torch's thread count and restores the caller's at the
@@ -75,7 +75,8 @@ class OnlineThreadChoice:
 
     def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         """The count with the best predicted rate (its rule warms up first if it has not timed everything), or a
-        probe of a count not in use: its rule's choice, or a plain step while that rule is unmeasured."""
+        probe of a count not in use: its rule's choice, or while that rule is unmeasured the best count's last round
+        (a plain step where that round's draft has nothing to propose now)."""
         evidence = next(iter(self.rules.values())).hindsight(tokens)  # the text is the same for every count
         for rule in self.rules.values():
             rule.learn(evidence)
@@ -93,10 +94,10 @@ class OnlineThreadChoice:
         self.current = threads
         if threads != best and not self.rules[threads].ready:  # a probe: the best count's last round, at this count
             k, draft = self.last_round
-            k = min(k, limit)
+            k = 0 if draft in self.rules[threads].idle else min(k, limit)
             self.probe_width[threads] = k + 1
             return Choice(k, draft=draft if k else "", threads=threads)
-        choice = self.rules[threads].choose(limit, rows, tokens)
+        choice = self.rules[threads].decide(limit)
         if threads == best:
             self.last_round = (choice.k or 0, choice.draft or "")
         return replace(choice, threads=threads)

@@ -36,20 +36,25 @@ class NGramDrafter(RowDrafter):
         windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
         return (windows == seq[-n:]).all(dim=-1).nonzero()
 
-    def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
-        """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
+    def latest(self, seq: torch.Tensor) -> tuple[int, int]:
+        """(n, start): the longest suffix n that occurred before, and where its latest occurrence's successor
+        starts; (0, 0): none did."""  # seq: (L,)
         for n in self.orders(seq):
             hits = self.occurrences(seq, n)
             if hits.numel():
-                start = int(hits[-1]) + n
-                return seq[start : start + k]
-        return seq[:0]
+                return n, int(hits[-1]) + n
+        return 0, 0
+
+    def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
+        n, start = self.latest(seq)
+        return seq[start : start + k] if n else seq[:0]
 
     def context(self, sequences: list[torch.Tensor]) -> int:
         """The match order of the round: the longest suffix n that occurred before, the shortest such n over the
         rows (0: some row has no match, nothing to propose). How much of a lookup is accepted depends on it far
         more than on the model pair: an online rule (specdec.choose.online) learns acceptance per order."""
-        return min(next((n for n in self.orders(s[0]) if self.occurrences(s[0], n).numel()), 0) for s in sequences)
+        return min((self.latest(s[0])[0] for s in sequences), default=0)
 
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """Up to k tokens: a match's continuation, matched again from its end while it is shorter than k.
@@ -70,7 +75,7 @@ class NGramDrafter(RowDrafter):
         0.0 for the miss. A sampled token hits with probability p_i(x_i), beta_i of a one-hot draft, so these are
         unbiased samples of the acceptance a round would have seen. None: every proposed token known so far hit and
         more are to come; (0, []): nothing to propose there."""
-        order = self.context([prefix[None]])
+        order = self.latest(prefix)[0]
         if not order:
             return 0, []
         scores = []
