@@ -154,7 +154,7 @@ class OnlineDraftChoice:
         models = self.contexts[name]
         if key not in models:
             models[key] = self.new_model(name)
-            models[key].draft_times, models[key].from_rounds = self.models[name].draft_times, False
+            models[key].draft_times, models[key].from_rounds = self.base[name].draft_times, False
         return models[key]
 
     def follow(self, tokens: Tokens) -> None:
@@ -162,14 +162,12 @@ class OnlineDraftChoice:
         a candidate whose context is 0 has nothing to propose this round (idle). No tokens: the models without
         context."""
         self.idle = set()
-        if tokens is None:
-            self.models.update({name: self.base[name] for name in self.contexts})
-        for name in self.contexts if tokens is not None else ():
-            key = self.switch.candidates[name].context(tokens)
-            if not key:
+        for name in self.contexts:
+            key = None if tokens is None else self.switch.candidates[name].context(tokens)
+            if key == 0:
                 self.idle.add(name)
                 continue
-            self.models[name] = self.context_model(name, key)
+            self.models[name] = self.base[name] if key is None else self.context_model(name, key)
             self.models[name].round = self.round
 
     def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:

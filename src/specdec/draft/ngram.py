@@ -45,11 +45,6 @@ class NGramDrafter(RowDrafter):
                 return n, int(hits[-1]) + n
         return 0, 0
 
-    def match(self, seq: torch.Tensor, k: int) -> torch.Tensor:
-        """The up to k tokens that followed the latest earlier match of seq's suffix."""  # seq: (L,)
-        n, start = self.latest(seq)
-        return seq[start : start + k] if n else seq[:0]
-
     def context(self, sequences: list[torch.Tensor]) -> int:
         """The match order of the round: the longest suffix n that occurred before, the shortest such n over the
         rows (0: some row has no match, nothing to propose). How much of a lookup is accepted depends on it far
@@ -61,13 +56,19 @@ class NGramDrafter(RowDrafter):
 
         The latest match is often close to the end (a repeating pattern), so its continuation alone is short.
         """  # seq: (L,) -> (n,), n <= k
-        found = seq[:0]
+        return self.chain(seq, k)[1]
+
+    def chain(self, seq: torch.Tensor, k: int) -> tuple[int, torch.Tensor]:
+        """lookup's tokens, and the match order of its first match (0: no match, no tokens)."""
+        order, found = 0, seq[:0]
         while found.numel() < k:
-            more = self.match(torch.cat([seq, found]), k - found.numel())
-            if not more.numel():
+            text = torch.cat([seq, found])
+            n, start = self.latest(text)
+            if not n:
                 break
-            found = torch.cat([found, more])
-        return found
+            order = order or n
+            found = torch.cat([found, text[start : start + k - found.numel()]])
+        return order, found
 
     def replay(self, prefix: torch.Tensor, continuation: list[int], k: int) -> tuple[int, list[float]] | None:
         """Hindsight on the text written: the context of `prefix` (L,) and how a lookup of k tokens there would have
@@ -75,11 +76,9 @@ class NGramDrafter(RowDrafter):
         0.0 for the miss. A sampled token hits with probability p_i(x_i), beta_i of a one-hot draft, so these are
         unbiased samples of the acceptance a round would have seen. None: every proposed token known so far hit and
         more are to come; (0, []): nothing to propose there."""
-        order = self.latest(prefix)[0]
-        if not order:
-            return 0, []
+        order, proposal = self.chain(prefix, k)
         scores = []
-        for i, token in enumerate(self.lookup(prefix, k).tolist()):
+        for i, token in enumerate(proposal.tolist()):
             if i >= len(continuation):
                 return None
             scores.append(float(token == continuation[i]))
