@@ -241,3 +241,20 @@ def test_a_rows_latency_is_at_most_the_calls_total(loop):
                                    max_new_tokens=6)
     total = out.stats.seconds["total"]
     assert all(0 < row.seconds["total"] <= total for row in out.rows) and max(out.latency) <= total
+
+
+def test_interleaved_timing_runs_jobs_in_turn_and_drops_warmup() -> None:
+    """The one timing loop: each round runs every job once, in order; warm-up rounds run but are not kept."""
+    from itertools import count
+
+    from specdec.runtime.timing import interleaved_samples
+
+    ticks, order = count(), []
+    jobs = {name: (lambda name=name: order.append(name)) for name in ("step", "pass")}
+    undone = []
+    samples = interleaved_samples(jobs, repeats=2, warmup=1, after={"pass": lambda: undone.append(1)},
+                                  clock=lambda: float(next(ticks)))
+    assert order == ["step", "pass"] * 3 and len(undone) == 3
+    assert samples == {"step": [1.0, 1.0], "pass": [1.0, 1.0]}
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        interleaved_samples(jobs, repeats=0)

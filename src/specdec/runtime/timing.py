@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
@@ -38,6 +39,47 @@ def stopwatch(
     finally:
         synchronize(device)
         totals[key] = totals.get(key, 0.0) + clock() - start
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def interleaved_samples(
+    jobs: Mapping[K, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+    after: Mapping[K, Callable[[], object]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[K, list[float]]:
+    """Seconds of each job over `repeats` rounds, every round running each job once in turn, so that all of them see
+    the same machine load; the first `warmup` rounds run and are dropped. after[key] runs untimed after each call
+    of that job (crop a cache back). The one timing loop: every interleaved measurement goes through it."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    samples: dict[K, list[float]] = {key: [] for key in jobs}
+    for round_ in range(warmup + repeats):
+        for key, job in jobs.items():
+            seconds: dict[str, float] = {}
+            with stopwatch(seconds, "job", device, clock):
+                job()
+            if after is not None and key in after:
+                after[key]()
+            if round_ >= warmup:
+                samples[key].append(seconds["job"])
+    return samples
+
+
+def interleaved_medians(
+    jobs: Mapping[K, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+    after: Mapping[K, Callable[[], object]] | None = None,
+) -> dict[K, float]:
+    """Median seconds of each job, timed by interleaved_samples."""
+    samples = interleaved_samples(jobs, repeats, warmup, device, after)
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 @torch.inference_mode()
