@@ -24,7 +24,7 @@ from specdec.choose.cost import CostModel
 from specdec.draft.model import ModelDrafter
 from specdec.draft.ngram import NGramDrafter
 from specdec.runtime.models import bfloat16_copy
-from specdec.runtime.timing import ThreadChoice, choose_threads
+from specdec.runtime.probes import ThreadChoice, choose_threads
 from specdec.runtime.tiny import tiny_model
 from specdec.theory import expected_tokens_per_pass, walltime_improvement
 

@@ -27,14 +27,13 @@ from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import (
     PAD_GAIN,
-    build_graphs,
     compile_model,
     compiled_forward,
     eager_model,
-    time_buckets,
 )
 from specdec.runtime.inductor import graphs_built
 from specdec.runtime.models import dynamic_int8_copy
+from specdec.runtime.probes import build_graphs, time_buckets
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass
 

@@ -9,7 +9,7 @@ from collections import Counter
 import torch
 from transformers import PreTrainedModel
 
-from specdec.runtime.timing import forward_ms
+from specdec.runtime.probes import forward_ms
 
 from ..run.prompts import Prompt
 from .schedule import Run

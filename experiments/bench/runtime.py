@@ -37,7 +37,8 @@ from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_g
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, eager_model
 from specdec.runtime.models import DTYPES
-from specdec.runtime.timing import pass_tokens, stopwatch
+from specdec.runtime.probes import pass_tokens
+from specdec.runtime.timing import stopwatch
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup

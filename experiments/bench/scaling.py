@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from specdec.runtime.timing import forward_ms
+from specdec.runtime.probes import forward_ms
 
 from ..records import markdown_table
 from .schedule import ForwardClock

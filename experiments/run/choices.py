@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 from specdec.choose.calibration import Calibration
 from specdec.draft.switch import DraftSwitch
 from specdec.runtime.compiled import CompiledForward, compiled_forward
-from specdec.runtime.timing import ThreadChoice
+from specdec.runtime.probes import ThreadChoice
 
 from ..records import cell, markdown_table, write_json
 

@@ -27,7 +27,7 @@ from specdec.choose.calibration import Calibration, calibrate
 from specdec.draft.base import Drafter
 from specdec.draft.switch import DraftSwitch
 from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
-from specdec.runtime.timing import ThreadChoice
+from specdec.runtime.probes import ThreadChoice
 
 from .heads import loaded_candidates, with_target
 from .runtime import choose_threads_for, drafter_on_runtime, on_runtime

@@ -14,14 +14,12 @@ from specdec.draft.head_runtime import compile_head
 from specdec.runtime.compiled import (
     WINDOW,
     CompiledForward,
-    build_graphs,
     check_settings,
     compile_model,
     compiled_forward,
-    time_buckets,
 )
 from specdec.runtime.packed import PackedInt8Linear, row_cost
-from specdec.runtime.timing import ThreadChoice, choose_threads
+from specdec.runtime.probes import ThreadChoice, build_graphs, choose_threads, time_buckets
 
 from .schema import AUTO
 from .settings import ConfigError, Plan, check_int

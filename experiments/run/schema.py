@@ -191,7 +191,7 @@ class RunConfig:
     seed: Any = integer(0)
     device: Any = MISSING  # cpu, cuda or cuda:N: checked by settings.check_device
     dtype: Any = choice(DTYPE_CHOICES)
-    threads: Any = integer(1, default=None, optional=True, also=(AUTO,))  # auto: specdec.runtime.timing.choose_threads
+    threads: Any = integer(1, default=None, optional=True, also=(AUTO,))  # auto: specdec.runtime.probes.choose_threads
     skip_finished: bool = True  # a sweep job whose run folder holds done.json is skipped (experiments.run.jobs)
 
 

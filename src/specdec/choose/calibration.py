@@ -43,7 +43,8 @@ from ..draft.base import Drafter
 from ..draft.head_drafter import HeadDrafter
 from ..draft.model import ModelDrafter
 from ..runtime.cached import CachedLM, logits_width
-from ..runtime.timing import pass_tokens, stopwatch, timed_step
+from ..runtime.probes import pass_tokens, timed_step
+from ..runtime.timing import stopwatch
 from ..sampling import GREEDY, Sampling
 from ..theory import expected_tokens_per_pass, optimal_k, walltime_improvement
 from .timings import interpolated

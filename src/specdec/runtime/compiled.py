@@ -22,7 +22,6 @@ that does not compile (an architecture, a quantized layer) runs eager, with one 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
@@ -203,48 +202,6 @@ class CompiledForward:
 
 
 RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads
-
-
-def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
-    """Compile (or load from inductor's disk cache) the model's graphs of `rows` rows at every width bucket now,
-    one dummy pass each on a cache of its own, so that no timed pass pays a first compile (up to a minute with
-    autotune). Eager models: nothing to do."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
-        return
-    from .cached import CachedLM  # (that module imports this one)
-
-    lm = CachedLM(model)
-    for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
-        lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
-
-
-def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) -> dict[int, float]:
-    """Median ms of one pass at each width bucket after a `context`-token prefix (the buckets interleaved, `repeats`
-    rounds), kept in the runtime's pass_ms so that a pass pads to the cheapest bucket that holds it: an autotuned
-    GEMM of 2 rows can cost more than one of 4 (Gemma 3 on a 2-core AVX512 CPU). Build the graphs first
-    (build_graphs). Eager models: {}."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
-        return {}
-    from .cached import CachedLM  # (these modules import this one)
-    from .timing import stopwatch, timed_step
-
-    runtime.pass_ms = {}  # each width in its own bucket while timed
-    lm = CachedLM(model)
-    lm.forward(torch.zeros(1, context, dtype=torch.long, device=lm.device), last_only=True)
-    samples: dict[int, list[float]] = {width: [] for width in runtime.widths}
-    for _ in range(repeats):
-        for width in runtime.widths:
-            run, undo = timed_step(lm, torch.zeros(1, width, dtype=torch.long, device=lm.device))
-            seconds: dict[str, float] = {}
-            with stopwatch(seconds, "pass", lm.device):
-                run()
-            undo()
-            samples[width].append(1000 * seconds["pass"])
-    runtime.pass_ms = {width: statistics.median(ms) for width, ms in samples.items()}
-    log.info("pass ms by bucket: %s", {w: round(ms, 1) for w, ms in runtime.pass_ms.items()})
-    return runtime.pass_ms
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,

@@ -1,0 +1,130 @@
+"""Probes of a loaded model on this machine: a cached forward's time, a pass per width bucket, the fastest torch
+thread count. They sit above the cache (specdec.runtime.cached) and the compiled runtime, and time with
+specdec.runtime.timing."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached import CachedLM
+from .compiled import compiled_forward
+from .timing import interleaved_medians, stopwatch
+
+log = logging.getLogger(__name__)
+
+
+def pass_tokens(prefix: torch.Tensor, n: int) -> torch.Tensor:
+    """n tokens (1, n) to feed after prefix (1, L): its last n, or its first token repeated when L < n."""
+    return prefix[:, -n:] if prefix.shape[-1] >= n else prefix[:, :1].repeat(1, n)
+
+
+def timed_step(lm: CachedLM, tokens: torch.Tensor) -> tuple[Callable[[], object], Callable[[], None]]:
+    """(run, undo): one cached forward of tokens (1, n) after what lm holds, and the crop back."""
+    length = lm.length
+    return partial(lm.forward, tokens), partial(lm.crop, length)
+
+
+@torch.inference_mode()
+def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repeats: int = 9, warmup: int = 1) -> float:
+    """Median milliseconds of one cached forward of n_tokens after prefix (1, L), warm-up runs dropped.
+
+    n_tokens = 1 is what Thm 3.8 calls a step; n_tokens = k + 1 is one verification pass.
+    """
+    lm = CachedLM(model)
+    lm.forward(prefix, last_only=True)
+    step = {"step": partial(lm.forward, pass_tokens(prefix, n_tokens))}
+    seconds = interleaved_medians(step, repeats, warmup, prefix.device, after={"step": partial(lm.crop, lm.length)})
+    return 1000 * seconds["step"]
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The torch CPU thread count with the cheapest probe, and every count's probe time."""
+
+    threads: int
+    probe_ms: dict[int, float]  # thread count -> median ms of a step, a pass over `width` tokens and a prompt pass
+    width: int
+    prompt_tokens: int
+
+
+@torch.inference_mode()
+def choose_threads(
+    model: PreTrainedModel, prefix: torch.Tensor, counts: Sequence[int], width: int = 5, repeats: int = 3
+) -> ThreadChoice:
+    """Time the kinds of work a generation does with each torch thread count, interleaved so that all see
+    the same machine load; return the fastest (the count is left as it was: the caller sets it). The probe: one one-token step and one pass over
+    width tokens after prefix (1, L), and one pass over the whole prefix (a prompt, or scoring an output).
+
+    A one-token step is memory-bound and gains little from threads; wide passes (and a bf16 draft's steps on
+    CPUs without bf16 kernels) are compute-bound and gain on a quiet CPU. On a busy CPU more threads
+    oversubscribe the cores and everything slows down. Ties go to fewer threads.
+    """
+    if not counts or min(counts) < 1:
+        raise ValueError(f"thread counts must be >= 1, got {list(counts)}")
+    samples: dict[int, list[float]] = {n: [] for n in counts}
+    previous = torch.get_num_threads()
+    try:
+        for _ in range(repeats):
+            for n in counts:
+                torch.set_num_threads(n)
+                samples[n].append(probe_ms(model, prefix, width))
+    finally:
+        torch.set_num_threads(previous)
+    probe = {n: statistics.median(v) for n, v in samples.items()}
+    best = min(counts, key=lambda n: (probe[n], n))
+    return ThreadChoice(best, probe, width, prefix.shape[-1])
+
+
+@torch.inference_mode()
+def probe_ms(model: PreTrainedModel, prefix: torch.Tensor, width: int) -> float:
+    """Milliseconds of a pass over prefix (1, L) into an empty cache, then of a one-token step and of a pass
+    over width tokens after it (each cropped back)."""
+    lm = CachedLM(model)
+    seconds: dict[str, float] = {}
+    with stopwatch(seconds, "probe", prefix.device):
+        lm.forward(prefix, last_only=True)
+    for tokens in (prefix[:, -1:], pass_tokens(prefix, width)):
+        run, undo = timed_step(lm, tokens)
+        with stopwatch(seconds, "probe", prefix.device):
+            run()
+        undo()
+    return 1000 * seconds["probe"]
+
+
+def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
+    """Compile (or load from inductor's disk cache) the model's graphs of `rows` rows at every width bucket now,
+    one dummy pass each on a cache of its own, so that no timed pass pays a first compile (up to a minute with
+    autotune). Eager models: nothing to do."""
+    runtime = compiled_forward(model)
+    if runtime is None or runtime.eager:
+        return
+    lm = CachedLM(model)
+    for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
+        lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
+
+
+def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) -> dict[int, float]:
+    """Median ms of one pass at each width bucket after a `context`-token prefix (the buckets interleaved, `repeats`
+    rounds), kept in the runtime's pass_ms so that a pass pads to the cheapest bucket that holds it: an autotuned
+    GEMM of 2 rows can cost more than one of 4 (Gemma 3 on a 2-core AVX512 CPU). Build the graphs first
+    (build_graphs). Eager models: {}."""
+    runtime = compiled_forward(model)
+    if runtime is None or runtime.eager:
+        return {}
+    runtime.pass_ms = {}  # each width in its own bucket while timed
+    lm = CachedLM(model)
+    lm.forward(torch.zeros(1, context, dtype=torch.long, device=lm.device), last_only=True)
+    passes = {width: partial(lm.forward, torch.zeros(1, width, dtype=torch.long, device=lm.device))
+              for width in runtime.widths}
+    crop = partial(lm.crop, lm.length)
+    seconds = interleaved_medians(passes, repeats, warmup=0, device=lm.device, after=dict.fromkeys(passes, crop))
+    runtime.pass_ms = {width: 1000 * s for width, s in seconds.items()}
+    log.info("pass ms by bucket: %s", {w: round(ms, 1) for w, ms in runtime.pass_ms.items()})
+    return runtime.pass_ms
