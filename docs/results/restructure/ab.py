@@ -1,4 +1,4 @@
-"""The restructuring of the apps and the library (issue 53), before and after, side by side.
+"""The restructuring of the apps and the library into one set-up entry point, before and after, side by side.
 
 Runs the same command in two checkouts of the repository, alternating the order every round (ABBA...), each in a
 process of its own, and compares what it wrote: for `experiments.run`, every method's text on every prompt (greedy:
