@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .compiled import compiled_forward
+from .compiled import CompiledForward, compiled_forward
 from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
@@ -107,6 +107,12 @@ class CachedLM:
         if self.rows > 1:
             raise ValueError(f"the cache holds {self.rows} rows: read lengths() for each row's")
         return self.slots
+
+    @property
+    def graphs_built(self) -> int:
+        """Graphs the compiled runtime has traced in this process, for any model (this one, a draft model, a draft
+        head): a pass during which this grew timed a compile, not a pass."""
+        return CompiledForward.built
 
     def lengths(self) -> torch.Tensor:
         """(B,) tokens cached per row."""
