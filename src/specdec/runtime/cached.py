@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .compiled import CompiledForward, compiled_forward
+from .compiled import CompiledForward, compiled_forward, runs_compiled
 from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
@@ -69,8 +69,7 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        runtime = compiled_forward(self.model)
-        self.compiled = None if runtime is None or runtime.eager else runtime  # None: the eager runtime
+        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) else None  # None: the eager runtime
         self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
         self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)

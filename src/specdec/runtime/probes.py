@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .compiled import compiled_forward
+from .compiled import compiled_forward, runs_compiled
 from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
@@ -95,9 +95,9 @@ def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
     """Compile (or load from inductor's disk cache) the model's graphs of `rows` rows at every width bucket now,
     one dummy pass each on a cache of its own, so that no timed pass pays a first compile (up to a minute with
     autotune). Eager models: nothing to do."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
+    if not runs_compiled(model):
         return
+    runtime = compiled_forward(model)
     lm = CachedLM(model)
     for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
         lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
@@ -108,9 +108,9 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     rounds), kept in the runtime's pass_ms so that a pass pads to the cheapest bucket that holds it: an autotuned
     GEMM of 2 rows can cost more than one of 4 (Gemma 3 on a 2-core AVX512 CPU). Build the graphs first
     (build_graphs). Eager models: {}."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
+    if not runs_compiled(model):
         return {}
+    runtime = compiled_forward(model)
     runtime.pass_ms = {}  # each width in its own bucket while timed
     lm = CachedLM(model)
     lm.forward(torch.zeros(1, context, dtype=torch.long, device=lm.device), last_only=True)
