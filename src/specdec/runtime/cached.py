@@ -69,7 +69,7 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) else None  # None: the eager runtime
+        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) else None  # None: eager
         self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
         self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
