@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..verify.tree import children_of
-from .cost import Choice, CostModel, DraftCost, Round, Tokens
+from .cost import Choice, CostModel, DraftCost, ObservedRound, Tokens
 
 
 def breadth_first(depths: Sequence[int]) -> list[int]:
@@ -84,7 +84,7 @@ class TreeCostModel(CostModel):
             self.trial_sum[key] = self.trial_sum.get(key, 0.0) + float(accepted)
             self.trial_weight[key] = self.trial_weight.get(key, 0.0) + 1.0
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         """A finished tree round: the shape of the drafter's proposal, the children the walk tried in the
         verified (kept) tree, and its draft and verify seconds."""
         self.round += 1
