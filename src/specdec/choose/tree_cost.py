@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..draft.tree import breadth_first, tree_depths
 from ..verify.tree import children_of
 from .cost import Choice, CostModel, DraftCost, ObservedRound, Tokens
-
-
-def breadth_first(depths: Sequence[int]) -> list[int]:
-    """Node ids sorted by (depth, drafter order): every prefix is a subtree holding each kept node's parent
-    and earlier siblings (parents are shallower, earlier siblings have smaller ids at the same depth)."""
-    return sorted(range(len(depths)), key=lambda i: (depths[i], i))
 
 
 def sibling_ranks(parents: Sequence[int]) -> list[int]:
@@ -27,14 +22,6 @@ def sibling_ranks(parents: Sequence[int]) -> list[int]:
         ranks.append(seen.get(parent, 0))
         seen[parent] = ranks[-1] + 1
     return ranks
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each node (1 for the root's children) from its parent ids (-1 = the root)."""
-    depth: list[int] = []
-    for parent in parents:
-        depth.append(1 if parent < 0 else depth[parent] + 1)
-    return depth
 
 
 class TreeCostModel(CostModel):
