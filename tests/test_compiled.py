@@ -216,8 +216,8 @@ def test_a_round_that_compiles_a_graph_teaches_k_auto_no_times():
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
     """Dynamo guards a graph on torch's thread count: a pass at another count compiles it again, which
-    graphs_built counts and the cache reports (CachedLM.graphs_built, what the decoding loop reads), so that no rule
-    learns a pass time from that pass."""
+    graphs_built counts and the cache reports (CachedLM.graphs_built, what the decoding loop reads), so that
+    no rule learns a pass time from that pass."""
     target = compiled_tiny("llama")
     threads = torch.get_num_threads()
     try:

@@ -59,7 +59,7 @@ class Round:
     path: list[list[int]]  # each row's accepted node ids of its proposal, in path order
     overlaps: list[torch.Tensor]  # each row's (observed,) beta = sum_x min(p, q) on its output path, on the device
     seconds: dict[str, float]  # "draft", "verify"
-    timed: bool = True  # False: a graph compiled during the round (CachedLM.graphs_built), so its seconds time
+    timed: bool = True  # False: a graph compiled during the round (CachedLM.graphs_built): its seconds time
     # the compile (up to a minute), not the draft or the pass: rules learn its acceptance, not its times
 
     @property

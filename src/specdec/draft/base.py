@@ -1,6 +1,6 @@
 """What the decoding loop asks of a drafter and of a proposal (protocols), the base of drafters that draft each
-row on its own, the hand-over of the target's cache to a drafter that can read it, and any chain drafter seen as a
-tree drafter (ChainTreeDrafter).
+row on its own, the hand-over of the target's cache to a drafter that can read it, and any chain drafter seen
+as a tree drafter (ChainTreeDrafter).
 
 One shape: a drafter drafts for the rows of a batch, and a single sequence is a batch of one. A draft model
 drafts every row per step (specdec.draft.model.ModelDrafter); a drafter whose work is per sequence (prompt

@@ -1,6 +1,6 @@
-"""Draft models: a small causal LM (or a cheaper copy of the target) that samples each draft token from q, as a
-chain (ModelDrafter) or as a tree that branches at the first depths (ModelTreeDrafter; HybridTreeDrafter puts an
-n-gram trie beside it under one root).
+"""Draft models: a small causal LM (or a cheaper copy of the target) that samples each draft token from q,
+as a chain (ModelDrafter) or as a tree that branches at the first depths (ModelTreeDrafter; HybridTreeDrafter
+puts an n-gram trie beside it under one root).
 
 A drafter proposes up to k tokens after each row's sequence together with the distribution q each was sampled
 from. Speculative sampling is exact only if the tokens really are samples of the returned q.

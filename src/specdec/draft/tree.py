@@ -13,15 +13,16 @@ How much to draft (k="auto", specdec.choose.tree_cost.TreeCostModel): each round
 chosen from earlier rounds only; the drafter is asked for depth d and its tree cut to its first N nodes
 by depth, then drafter order (prune_tree). d = 0 is a plain target step that calls no drafter.
 
-Growing a tree (grow_tree) from a drafter that gives next-token logits after any path (a small model, a trained
-head): the drafter supplies `logits_after(sequence, path)` (its next-token logits (V,) after the sequence followed
-by the path) and its tree shape: `branches[d]` children per node at depth d (the root is depth 0), `depth`, `nodes`,
-and `mode`, how siblings are picked (DETERMINISTIC top-b by logit with one-hot q rows, IID draws from q, DISTINCT
-draws without replacement). After the branching depths the most likely branch goes on as a chain.
+Growing a tree (grow_tree) from a drafter that gives next-token logits after any path (a small model, a
+trained head): the drafter supplies `logits_after(sequence, path)` (its next-token logits (V,) after the
+sequence followed by the path) and its tree shape: `branches[d]` children per node at depth d (the root is
+depth 0), `depth`, `nodes`, and `mode`, how siblings are picked (DETERMINISTIC top-b by logit with one-hot q
+rows, IID draws from q, DISTINCT draws without replacement). After the branching depths the most likely branch
+goes on as a chain.
 
-The tree drafters live with their chain families: NGramTreeDrafter in specdec.draft.ngram, ModelTreeDrafter and
-HybridTreeDrafter in specdec.draft.model, HeadTreeDrafter in specdec.draft.head_drafter, and ChainTreeDrafter (any
-chain drafter as a tree drafter) in specdec.draft.base.
+The tree drafters live with their chain families: NGramTreeDrafter in specdec.draft.ngram, ModelTreeDrafter
+and HybridTreeDrafter in specdec.draft.model, HeadTreeDrafter in specdec.draft.head_drafter, and
+ChainTreeDrafter (any chain drafter as a tree drafter) in specdec.draft.base.
 
 Sliding-window layers (Gemma2, Mistral, Qwen2) get their own mask, which also hides keys more than
 a window behind each query, so trees are exact there too. Attention backends that take no 4D mask

@@ -109,8 +109,8 @@ class CachedLM:
 
     @property
     def graphs_built(self) -> int:
-        """Graphs the compiled runtime has traced in this process, for any model (this one, a draft model, a draft
-        head): a pass during which this grew timed a compile, not a pass."""
+        """Graphs the compiled runtime has traced in this process, for any model (this one, a draft model, a
+        draft head): a pass during which this grew timed a compile, not a pass."""
         return CompiledForward.built
 
     def lengths(self) -> torch.Tensor:

@@ -95,8 +95,8 @@ class CompiledForward:
     its own width (mark_width), instead of one graph per bucket with passes padded to it.
     """
 
-    built = 0  # graphs that the calls of every compiled runtime in this process traced (compiled, loaded from the
-    # disk cache, or compiled again where a guard failed): a pass during which this grew timed a compile
+    built = 0  # graphs that the calls of every compiled runtime in this process traced (compiled, loaded from
+    # the disk cache, or compiled again where a guard failed): a pass during which this grew timed a compile
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,

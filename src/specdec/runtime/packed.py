@@ -167,8 +167,9 @@ def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | Non
         for m in linears:
             torch.ops.specdec.packed_mm(inputs[n, m.in_features], m.packed, m.out_features)
 
+    jobs = {n: functools.partial(every_linear, n) for n in (1, rows)}
     with torch.inference_mode():
-        seconds = interleaved_medians({n: functools.partial(every_linear, n) for n in (1, rows)}, repeats, warmup=0)
+        seconds = interleaved_medians(jobs, repeats, warmup=0)
     return seconds[rows] / seconds[1]
 
 

@@ -80,8 +80,8 @@ def choose_threads(
 
 @torch.inference_mode()
 def probe_on_threads(threads: int, model: PreTrainedModel, prefix: torch.Tensor, width: int) -> None:
-    """On `threads` torch threads: a pass over prefix (1, L) into an empty cache, then a one-token step and a pass
-    over width tokens after it (each cropped back)."""
+    """On `threads` torch threads: a pass over prefix (1, L) into an empty cache, then a one-token step and a
+    pass over width tokens after it (each cropped back)."""
     torch.set_num_threads(threads)
     lm = CachedLM(model)
     lm.forward(prefix, last_only=True)
