@@ -216,7 +216,8 @@ def test_a_round_that_compiles_a_graph_teaches_k_auto_no_times():
 @pytest.mark.exhaustive  # make test keeps the compiled chain's greedy equality (llama)
 def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
     """Dynamo guards a graph on torch's thread count: a pass at another count compiles it again, which
-    graphs_built counts, so that no rule learns a pass time from that pass."""
+    graphs_built counts and the cache reports (CachedLM.graphs_built, what the decoding loop reads), so that
+    no rule learns a pass time from that pass."""
     target = compiled_tiny("llama")
     threads = torch.get_num_threads()
     try:
@@ -224,12 +225,12 @@ def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
         build_graphs(target)
         lm = CachedLM(target)
         lm.forward(GREEDY_PROMPT[:, :3])  # the first pass allocates the cache, eager
-        graphs = graphs_built()
+        graphs, reported = graphs_built(), lm.graphs_built
         lm.forward(GREEDY_PROMPT[:, 3:4])
-        assert graphs_built() == graphs  # a built graph, at the count it was built at
+        assert graphs_built() == graphs and lm.graphs_built == reported  # a built graph, at its thread count
         torch.set_num_threads(2)
         lm.forward(GREEDY_PROMPT[:, 4:5])
-        assert graphs_built() == graphs + 1
+        assert graphs_built() == graphs + 1 and lm.graphs_built == reported + 1
     finally:
         torch.set_num_threads(threads)
 

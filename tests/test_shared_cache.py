@@ -19,8 +19,9 @@ from specdec import (
     speculative_generate,
     tree_generate,
 )
-from specdec.draft.model import can_read_cache
-from specdec.draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from specdec.draft.base import ChainTreeDrafter
+from specdec.draft.model import HybridTreeDrafter, ModelTreeDrafter, can_read_cache
+from specdec.draft.ngram import NGramTreeDrafter
 from specdec.exact import sequence_distribution
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model

@@ -17,8 +17,8 @@ from specdec import (
     tree_generate,
 )
 from specdec.choose.cost import Choice
-from specdec.choose.tree_cost import TreeCostModel, breadth_first, tree_depths, walk_trials
-from specdec.draft.tree import prune_tree
+from specdec.choose.tree_cost import TreeCostModel, walk_trials
+from specdec.draft.tree import breadth_first, prune_tree, tree_depths
 from specdec.exact import sequence_distribution
 from specdec.runtime.tiny import tiny_model
 from specdec.verify.tree import DETERMINISTIC, DISTINCT, IID

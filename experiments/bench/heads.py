@@ -17,8 +17,8 @@ def draft_kind(drafter) -> str:
     """What drafts: "head", "ngram" (a lookup), "hybrid" (a tree of both), or "model" (a copy or another model; a
     DraftSwitch, the calibrated default's online choice, counts as one whatever its candidates: see draft_kinds)."""
     from specdec.draft.head_drafter import HeadDrafter
-    from specdec.draft.ngram import NGramDrafter
-    from specdec.draft.trees import HybridTreeDrafter, NGramTreeDrafter
+    from specdec.draft.model import HybridTreeDrafter
+    from specdec.draft.ngram import NGramDrafter, NGramTreeDrafter
 
     if isinstance(drafter, HeadDrafter):
         return "head"

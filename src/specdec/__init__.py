@@ -6,14 +6,13 @@ from .choose.online import OnlineDraftChoice
 from .choose.threads import OnlineThreadChoice
 from .choose.tree_cost import TreeCostModel
 from .decoding import decode, speculative_generate, tree_generate
-from .draft.base import Drafter
+from .draft.base import ChainTreeDrafter, Drafter
 from .draft.cross_vocab import StringDrafter, TokenIntersectionDrafter
-from .draft.model import ModelDrafter
-from .draft.ngram import NGramDrafter
+from .draft.model import HybridTreeDrafter, ModelDrafter, ModelTreeDrafter
+from .draft.ngram import NGramDrafter, NGramTreeDrafter
 from .draft.proposal import Draft
 from .draft.switch import DraftSwitch
 from .draft.tree import TreeDraft
-from .draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
 from .metrics import Generation, Stats
 from .naive import batched_draft_then_score, draft_then_score
 from .sampling import GREEDY, Sampling, probabilities

@@ -39,7 +39,6 @@ from .draft.proposal import Draft, RowProposals
 from .draft.tree import prune_tree
 from .metrics import Generation, Stats, one_sequence
 from .runtime.cached import CachedLM
-from .runtime.inductor import graphs_built
 from .runtime.masks import check_tree_backend
 from .runtime.timing import stopwatch
 from .sampling import DEFAULT_SAMPLING, Sampling
@@ -60,7 +59,7 @@ class Round:
     path: list[list[int]]  # each row's accepted node ids of its proposal, in path order
     overlaps: list[torch.Tensor]  # each row's (observed,) beta = sum_x min(p, q) on its output path, on the device
     seconds: dict[str, float]  # "draft", "verify"
-    timed: bool = True  # False: a graph compiled during the round (specdec.runtime.compiled), so its seconds time
+    timed: bool = True  # False: a graph compiled during the round (CachedLM.graphs_built): its seconds time
     # the compile (up to a minute), not the draft or the pass: rules learn its acceptance, not its times
 
     @property
@@ -173,7 +172,7 @@ def decode(
                 # tokens so far (never this round's p); never past the budget
                 apply_choice(choice, drafter)
                 spent: dict[str, float] = {}
-                graphs = graphs_built()
+                graphs = lm.graphs_built
                 with stopwatch(spent, "draft", sync, clock):
                     proposed = propose(drafter, state, choice, sampling, vocab, generator, acceptance.trees)
                     verified = cut(proposed, choice, max_nodes)
@@ -182,7 +181,7 @@ def decode(
                     paths, next_tokens = acceptance.accept_rows(p, verified, generator)
                     lm.keep(verified.size, paths)
                 round = Round(choice, proposed, verified, paths, verified.overlaps(p, paths), spent,
-                              timed=graphs_built() == graphs)
+                              timed=lm.graphs_built == graphs)
                 observe(stats, rule, round, state, acceptance.trees)
                 state.extend(verified.accepted(paths), next_tokens)
                 state.retire(lm, drafter)

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from .choose.cost import Round
+from .choose.cost import ObservedRound
 from .draft.base import Drafter
 from .metrics import Generation, Stats
 from .runtime.cached import CachedLM
@@ -106,7 +106,7 @@ class Batch:
     def new_tokens(self) -> list[torch.Tensor]:
         return [row[0, start:] for row, start in zip(self.rows, self.prompt_lengths)]
 
-    def record(self, stats: Stats, round: Round, trees: bool) -> None:
+    def record(self, stats: Stats, round: ObservedRound, trees: bool) -> None:
         """Each active row's share of a round, in the batch's statistics and in the row's own."""
         for b, proposal, path, overlaps in zip(self.order, round.verified.rows, round.path, round.overlaps):
             depth = max(proposal.depths(), default=0)
@@ -114,7 +114,7 @@ class Batch:
                 counts.record_round(proposal.size, depth, len(path), overlaps.numel(), tree=trees)
             self.overlaps[b] = self.overlaps[b] + overlaps.sum().to(self.overlaps[b].device)
 
-    def produced(self, round: Round) -> int:
+    def produced(self, round: ObservedRound) -> int:
         """Tokens the round made over all rows (accepted + 1 each, before end-token truncation)."""
         return sum(len(path) + 1 for path in round.path)
 

@@ -79,7 +79,7 @@ class Choice:
         return None if self.seconds is None else (self.expected_tokens, self.seconds)
 
 
-class Round(Protocol):
+class ObservedRound(Protocol):
     """What a rule observes of a finished round (specdec.decoding.Round has these fields)."""
 
     choice: Choice
@@ -103,7 +103,7 @@ class FixedDraftLength:
     def choose(self, limit: int, rows: int = 1, tokens: Tokens = None) -> Choice:
         return Choice(None if self.k is None else min(self.k, limit))
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         pass
 
 
@@ -116,7 +116,7 @@ class Rule(Protocol):
         """This round's draft length (and node budget) for the `rows` rows still decoding, at most `limit` (tokens
         left in the budget, minus one); tokens: each row's tokens so far (1, L), which a rule may read (never p)."""
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         """A finished round."""
 
 
@@ -200,7 +200,7 @@ class CostModel:
                 self.overlap_sum[i] += beta
                 self.overlap_weight[i] += 1.0
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         """A finished round: its rows, draft and verify times, and every row's beta_i at the positions it
         reached. A k = 0 round called no drafter and times only its pass; a round that compiled a graph times
         nothing (its seconds are the compile's)."""

@@ -49,7 +49,7 @@ import torch
 
 from ..draft.switch import DraftSwitch
 from ..theory import best_draft_length, expected_tokens
-from .cost import Choice, CostModel, Round, Tokens
+from .cost import Choice, CostModel, ObservedRound, Tokens
 
 LOOKUP_PRIOR_WEIGHT = 2.0  # prompt lookup's optimistic prior counts as this many records of its learned one
 
@@ -234,7 +234,7 @@ class OnlineDraftChoice:
         """A round this rule did not decide (another thread count's rule did): its timings age by one round."""
         self.round += 1
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         """The drafting candidate learns the round (its draft time, acceptance, and the shared pass time); the
         others' acceptance evidence decays by one round."""
         used = round.choice.draft if round.choice.k else None

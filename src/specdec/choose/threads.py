@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from .cost import Choice, Round, Tokens
+from .cost import Choice, ObservedRound, Tokens
 from .online import OnlineDraftChoice
 
 
@@ -102,7 +102,7 @@ class OnlineThreadChoice:
             self.last_round = (choice.k or 0, choice.draft or "")
         return replace(choice, threads=threads)
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         for threads, rule in self.rules.items():  # every rule's timings age by the same rounds
             rule.observe(round) if threads == self.current else rule.skip()
         self.last[self.current] = self.round

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..draft.tree import breadth_first, tree_depths
 from ..verify.tree import children_of
-from .cost import Choice, CostModel, DraftCost, Round, Tokens
-
-
-def breadth_first(depths: Sequence[int]) -> list[int]:
-    """Node ids sorted by (depth, drafter order): every prefix is a subtree holding each kept node's parent
-    and earlier siblings (parents are shallower, earlier siblings have smaller ids at the same depth)."""
-    return sorted(range(len(depths)), key=lambda i: (depths[i], i))
+from .cost import Choice, CostModel, DraftCost, ObservedRound, Tokens
 
 
 def sibling_ranks(parents: Sequence[int]) -> list[int]:
@@ -27,14 +22,6 @@ def sibling_ranks(parents: Sequence[int]) -> list[int]:
         ranks.append(seen.get(parent, 0))
         seen[parent] = ranks[-1] + 1
     return ranks
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each node (1 for the root's children) from its parent ids (-1 = the root)."""
-    depth: list[int] = []
-    for parent in parents:
-        depth.append(1 if parent < 0 else depth[parent] + 1)
-    return depth
 
 
 class TreeCostModel(CostModel):
@@ -84,7 +71,7 @@ class TreeCostModel(CostModel):
             self.trial_sum[key] = self.trial_sum.get(key, 0.0) + float(accepted)
             self.trial_weight[key] = self.trial_weight.get(key, 0.0) + 1.0
 
-    def observe(self, round: Round) -> None:
+    def observe(self, round: ObservedRound) -> None:
         """A finished tree round: the shape of the drafter's proposal, the children the walk tried in the
         verified (kept) tree, and its draft and verify seconds."""
         self.round += 1

@@ -1,5 +1,6 @@
 """What the decoding loop asks of a drafter and of a proposal (protocols), the base of drafters that draft each
-row on its own, and the hand-over of the target's cache to a drafter that can read it.
+row on its own, the hand-over of the target's cache to a drafter that can read it, and any chain drafter seen
+as a tree drafter (ChainTreeDrafter).
 
 One shape: a drafter drafts for the rows of a batch, and a single sequence is a batch of one. A draft model
 drafts every row per step (specdec.draft.model.ModelDrafter); a drafter whose work is per sequence (prompt
@@ -14,7 +15,9 @@ import torch
 
 from ..runtime.cached import CachedLM
 from ..sampling import Sampling
+from ..verify.tree import IID
 from .proposal import RowProposals
+from .tree import chain
 
 
 class Proposal(Protocol):
@@ -41,7 +44,7 @@ class Proposal(Protocol):
 
 class Drafter(Protocol):
     """What the decoding loop needs from a source of draft tokens, for the B rows still decoding (B = 1: one
-    sequence): chains (ModelDrafter, NGramDrafter) or token trees (specdec.draft.trees), one call shape."""
+    sequence): chains (ModelDrafter, NGramDrafter) or token trees (specdec.draft.tree), one call shape."""
 
     vocab_size: int | None  # logits width, or None for drafters without a vocabulary of their own
     # How drafting time grows with the draft length, which k="auto" needs (specdec.choose.cost):
@@ -122,3 +125,32 @@ def share_cache(drafter: object, target: CachedLM) -> None:
     share = getattr(drafter, "share_cache", None)
     if share is not None:
         share(target)
+
+
+class ChainTreeDrafter:
+    """A chain drafter seen as a tree drafter (one child per node): chains and trees in the same loop."""
+
+    def __init__(self, drafter: Drafter, k: int = 4):
+        self.drafter = drafter
+        self.k = k
+        self.vocab_size = drafter.vocab_size
+        self.draft_cost = getattr(drafter, "draft_cost", None)  # k="auto" prices it as the chain drafter
+
+    def share_cache(self, target: CachedLM) -> None:
+        share_cache(self.drafter, target)
+
+    def start(self, prompts: list[torch.Tensor]) -> None:
+        self.drafter.start(prompts)
+
+    def rollback(self, lengths: list[int]) -> None:
+        self.drafter.rollback(lengths)
+
+    def select(self, rows: list[int]) -> None:
+        self.drafter.select(rows)
+
+    def propose(
+        self, sequences: list[torch.Tensor], depth: int, sampling: Sampling, vocab_size: int,
+        generator: torch.Generator | None,
+    ) -> RowProposals:
+        drafts = self.drafter.propose(sequences, min(self.k, depth), sampling, vocab_size, generator)
+        return drafts.map(lambda d: chain(d.tokens, d.q, IID, d.forwards))  # one i.i.d. child: Leviathan's rule

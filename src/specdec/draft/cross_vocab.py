@@ -36,7 +36,7 @@ from ..runtime.cached import CachedLM, logits_width
 from ..sampling import Sampling, draw, probabilities, sample
 from .base import RowDrafter
 from .proposal import Draft
-from .trees import one_hot
+from .tree import one_hot
 from .vocab import SharedTokens, shared_tokens
 
 

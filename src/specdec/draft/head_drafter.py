@@ -26,8 +26,7 @@ from .base import RowDrafter
 from .head import DraftHead, load_head, spread_over
 from .head_runtime import compiled_head
 from .proposal import Draft, RowProposals
-from .tree import TreeDraft, empty_tree
-from .tree_growth import grow_tree, tree_shape
+from .tree import TreeDraft, empty_tree, grow_tree, tree_shape
 
 
 class HeadDrafter(RowDrafter):
@@ -155,7 +154,7 @@ class HeadTreeDrafter(HeadDrafter):
     """Token trees from a DraftHead (EAGLE-2's idea: branch where the head is unsure): `branches[d]` children per
     node at depth d, picked by `children` ("top": the b most likely, one-hot q; "iid": b draws from q; "distinct":
     without replacement), then the most likely branch as a chain; at most `nodes` nodes and `depth` depth
-    (specdec.draft.tree_growth). A node's children need the head's prediction for its path: the head's cache holds
+    (specdec.draft.tree.grow_tree). A node's children need the head's prediction for its path: the head's cache holds
     the sequence's true positions and the path fed last; another path crops it back to their common prefix."""
 
     def __init__(self, head: DraftHead, branches: tuple[int, ...] = (2,), depth: int = 4, nodes: int = 16,
@@ -192,7 +191,7 @@ class HeadTreeDrafter(HeadDrafter):
 
     def logits_after(self, sequence: torch.Tensor, path: list[int]) -> torch.Tensor:
         """The head's logits (N',) on draft_ids for the token after the sequence followed by path (q is 0 on every
-        other token: specdec.draft.tree_growth grows the tree on S)."""
+        other token: specdec.draft.tree.grow_tree grows the tree on S)."""
         path = tuple(path)
         if path not in self.predicted:
             self.feed(path)

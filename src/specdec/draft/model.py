@@ -1,4 +1,6 @@
-"""Draft models: a small causal LM (or a cheaper copy of the target) that samples each draft token from q.
+"""Draft models: a small causal LM (or a cheaper copy of the target) that samples each draft token from q,
+as a chain (ModelDrafter) or as a tree that branches at the first depths (ModelTreeDrafter; HybridTreeDrafter
+puts an n-gram trie beside it under one root).
 
 A drafter proposes up to k tokens after each row's sequence together with the distribution q each was sampled
 from. Speculative sampling is exact only if the tokens really are samples of the returned q.
@@ -6,12 +8,17 @@ from. Speculative sampling is exact only if the tokens really are samples of the
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import PreTrainedModel
 
-from ..runtime.cached import CachedLM
+from ..runtime.cached import CachedLM, logits_width
 from ..sampling import Sampling, probabilities, sample
+from .base import RowDrafter
+from .ngram import NGramTreeDrafter
 from .proposal import Draft, RowProposals
+from .tree import TreeDraft, empty_tree, grow_tree, merge, pick_children, tree_shape
 
 
 class ModelDrafter:
@@ -132,3 +139,122 @@ def same_shapes(draft: PreTrainedModel, target: PreTrainedModel) -> bool:
     shape = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "head_dim")
     return all(getattr(a, f, None) == getattr(b, f, None) for f in shape)
+
+
+class ModelTreeDrafter(RowDrafter):
+    """A small causal LM that branches at the first depths, then extends its most likely branch as a chain.
+
+    branches[d] children per node at depth d (the root is depth 0), picked by `children`: "top" = the b
+    most likely tokens by the draft's logits (deterministic candidates, one-hot q), "iid" = b draws from
+    q with replacement, "distinct" = b draws without replacement. The chain after the branching depths
+    follows the branch with the highest draft probability: its argmax for "top", a sample of q otherwise.
+    At most `nodes` nodes and `depth` depth.
+
+    Scoring siblings runs their branches one after another with cache crops: a node whose children are
+    needed costs one draft forward of its path. The draft cache holds the sequence plus the branch fed
+    last; the next round crops it to the part that still agrees with the sequence and feeds the rest.
+    """
+
+    draft_cost = "per_token"  # k="auto": drafting time grows with the depth (one forward per expanded node)
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        branches: tuple[int, ...] = (2,),
+        depth: int = 4,
+        nodes: int = 16,
+        children: str = "top",
+        reads_target_cache: bool = False,
+    ):
+        branches, mode = tree_shape(branches, depth, nodes, children)
+        self.model = model
+        self.vocab_size = logits_width(model)
+        self.lm = CachedLM(model)
+        self.branches, self.depth, self.nodes, self.mode = branches, depth, nodes, mode
+        self.fed = torch.zeros(1, 0, dtype=torch.long)  # (1, lm.length) the tokens in the draft cache
+        self.states = TargetStates(reads_target_cache)  # see ModelDrafter: a copy of the target reads its cache
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes one proposal holds."""
+        return self.nodes
+
+    def share_cache(self, target: CachedLM) -> None:
+        self.states.offer(self.lm, target)
+
+    def fork(self) -> ModelTreeDrafter:
+        """The same weights and tree shape for another sequence (a batch's row): a cache of its own, reading
+        no target cache (a batch's target cache is not one sequence's)."""
+        twin = copy.copy(self)
+        twin.lm, twin.fed, twin.states = CachedLM(self.model), self.fed[:, :0], TargetStates(False)
+        return twin
+
+    def start(self, prompts: list[torch.Tensor]) -> None:
+        if len(prompts) > 1:
+            self.states.offered = None  # a batch's target cache is not one sequence's: every row drafts alone
+        super().start(prompts)
+
+    def start_row(self, prompt: torch.Tensor) -> None:
+        self.lm.reset()
+        self.fed = prompt[:, :0]
+        if not self.states.begin() and prompt.shape[-1] > 1:
+            self.feed(prompt[:, :-1], last_only=True)  # prefill all but the last prompt token
+
+    def rollback_row(self, length: int) -> None:
+        """Nothing now: the next propose crops to the part of the cache that agrees with the sequence."""
+
+    def crop(self, length: int) -> None:
+        """Branches are fed one after another, so crops go back and forth (every layer keeps its states)."""
+        self.lm.crop(length)
+        self.fed = self.fed[:, :length]
+
+    def feed(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append tokens (1, m) to the draft cache; their logits (m, V)."""
+        logits = self.lm.forward(tokens, last_only=last_only)[0]
+        self.fed = torch.cat([self.fed, tokens.to(self.fed.device)], dim=-1)
+        return logits
+
+    def logits_after(self, sequence: torch.Tensor, path: list[int]) -> torch.Tensor:
+        """The draft's next-token logits (V,) after sequence (1, L) followed by path."""
+        full = torch.cat([sequence, torch.tensor([path], dtype=torch.long, device=sequence.device)], dim=-1)
+        n = min(self.fed.shape[-1], full.shape[-1] - 1)
+        agree = (self.fed[0, :n] == full[0, :n].to(self.fed.device)).long().cumprod(0).sum()
+        self.crop(int(agree))
+        return self.feed(full[:, self.lm.length :], last_only=True)[-1]
+
+    def pick(self, logits: torch.Tensor, b: int, sampling: Sampling, vocab_size: int, generator) -> tuple:
+        return pick_children(logits, b, self.mode, sampling, vocab_size, generator)
+
+    def propose_row(
+        self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> TreeDraft:
+        depth = min(self.depth, depth)
+        if depth == 0:
+            return empty_tree(vocab_size, sequence.device)
+        if self.states.target is not None:
+            self.states.copy_into(self.lm)
+            self.fed = sequence[:, : self.lm.length].to(self.fed.device)
+        return grow_tree(self, sequence, depth, sampling, vocab_size, generator)
+
+
+class HybridTreeDrafter(ModelTreeDrafter):
+    """An n-gram trie and a model tree under one root: the n-gram's deterministic children first, then the
+    model's; each keeps its own node budget. model and the keyword options are ModelTreeDrafter's."""
+
+    def __init__(self, model: PreTrainedModel, ngram: NGramTreeDrafter, **options):
+        super().__init__(model, **options)
+        self.ngram = ngram
+
+    @property
+    def most_nodes(self) -> int:
+        return self.nodes + self.ngram.nodes
+
+    def propose_row(
+        self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> TreeDraft:
+        return merge(
+            [
+                self.ngram.propose_row(sequence, depth, sampling, vocab_size, generator),
+                super().propose_row(sequence, depth, sampling, vocab_size, generator),
+            ]
+        )

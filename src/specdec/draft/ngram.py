@@ -1,14 +1,16 @@
-"""Prompt lookup (n-gram drafting): continuations of earlier occurrences of the sequence's suffix.
+"""Prompt lookup (n-gram drafting): continuations of earlier occurrences of the sequence's suffix, as a chain
+(NGramDrafter) or as a trie of several matches (NGramTreeDrafter).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..checks import check_ngram_range
+from ..checks import check_counts, check_ngram_range
 from ..sampling import Sampling
 from .base import RowDrafter
 from .proposal import Draft
+from .tree import TreeDraft, deterministic_tree
 
 
 class NGramDrafter(RowDrafter):
@@ -93,3 +95,54 @@ class NGramDrafter(RowDrafter):
         q = torch.zeros(tokens.numel(), vocab_size, device=sequence.device)
         q[torch.arange(tokens.numel()), tokens] = 1.0
         return Draft(tokens, q)
+
+
+class NGramTreeDrafter(RowDrafter):
+    """Prompt lookup with several matches: the continuations of the latest `matches` occurrences of the
+    sequence's last n tokens, for n = max_ngram down to min_ngram, merged into a trie of at most `nodes`
+    nodes and depth `depth`. Longer n-grams and later occurrences come first among siblings."""
+
+    vocab_size = None
+    draft_cost = "per_call"  # k="auto": a lookup costs about the same whatever the depth
+    stateless = True  # keeps nothing between calls: one object serves every row of a batch
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4, depth: int = 8, nodes: int = 16):
+        check_ngram_range(max_ngram, min_ngram)
+        check_counts(matches=matches, depth=depth, nodes=nodes)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matches, self.depth, self.nodes = matches, depth, nodes
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes one proposal holds."""
+        return self.nodes
+
+    def continuations(self, seq: torch.Tensor, depth: int) -> list[list[int]]:
+        """Candidate continuations (each up to `depth` tokens), best first."""  # seq: (L,)
+        found = []
+        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
+            windows = seq[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a successor
+            hits = (windows == seq[-n:]).all(dim=-1).nonzero().flatten()
+            for start in (hits[-self.matches :] + n).flip(0).tolist():
+                period = seq.numel() - start  # a match near the end repeats its continuation
+                idx = start + torch.arange(depth, device=seq.device) % period
+                found.append(seq[idx].tolist())
+        return found
+
+    def propose_row(
+        self, sequence: torch.Tensor, depth: int, sampling: Sampling, vocab_size: int, generator: torch.Generator | None
+    ) -> TreeDraft:
+        tokens: list[int] = []
+        parents: list[int] = []
+        trie: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for continuation in self.continuations(sequence[0], min(self.depth, depth)):
+            parent = -1
+            for token in continuation:
+                if (parent, token) not in trie:
+                    if len(tokens) == self.nodes:
+                        break
+                    trie[parent, token] = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                parent = trie[parent, token]
+        return deterministic_tree(tokens, parents, vocab_size, sequence.device)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .compiled import compiled_forward
+from .compiled import CompiledForward, compiled_forward, runs_compiled
 from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
@@ -69,8 +69,7 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        runtime = compiled_forward(self.model)
-        self.compiled = None if runtime is None or runtime.eager else runtime  # None: the eager runtime
+        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) else None  # None: eager
         self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
         self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
@@ -107,6 +106,12 @@ class CachedLM:
         if self.rows > 1:
             raise ValueError(f"the cache holds {self.rows} rows: read lengths() for each row's")
         return self.slots
+
+    @property
+    def graphs_built(self) -> int:
+        """Graphs the compiled runtime has traced in this process, for any model (this one, a draft model, a
+        draft head): a pass during which this grew timed a compile, not a pass."""
+        return CompiledForward.built
 
     def lengths(self) -> torch.Tensor:
         """(B,) tokens cached per row."""

@@ -36,6 +36,7 @@ from .inductor import (
     cpu_options,
     cuda_options,
     dynamic_window,
+    graphs_built,
     inductor_settings,
     mark_width,
     own_code,
@@ -93,6 +94,9 @@ class CompiledForward:
     smallest. dynamic_width: on a CPU, one graph per row count for every width up to the widest bucket, each pass at
     its own width (mark_width), instead of one graph per bucket with passes padded to it.
     """
+
+    built = 0  # graphs that the calls of every compiled runtime in this process traced (compiled, loaded from
+    # the disk cache, or compiled again where a guard failed): a pass during which this grew timed a compile
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
@@ -164,6 +168,7 @@ class CompiledForward:
             except RuntimeError as error:  # an input no graph of this shape was guarded for: compile one
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
+        graphs = graphs_built()
         with inductor_settings(self.options):
             if self.window_slots:  # a call that may compile: its graph takes the window as dynamic
                 dynamic_window(inputs[2], inputs[3].layers[0].capacity)
@@ -172,7 +177,8 @@ class CompiledForward:
             out = self.compiled(*inputs) if shape in self.record.seconds else self.first_call(shape, *inputs)
             self.seen.update([seen] if shape in self.record.seconds else [])  # guards checked: a grown cache got
             # its own graph
-            return out
+        CompiledForward.built += graphs_built() - graphs
+        return out
 
     def first_call(self, shape, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Compile (or load) the graph of this shape, timing it. On failure, run this pass eager, and from now on a

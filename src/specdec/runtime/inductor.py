@@ -130,8 +130,8 @@ def mark_width(tokens: torch.Tensor, positions: torch.Tensor, masks: Masks, wide
 
 def graphs_built() -> int:
     """Graphs dynamo traced so far in this process: compiled, loaded from the disk cache, or compiled again where a
-    guard failed (a graph holds for the thread count it was built at, among others). A pass during which this count
-    grew timed a compile, not a pass: the decoding loop tells its rule so (specdec.decoding.Round.timed)."""
+    guard failed (a graph holds for the thread count it was built at, among others). The compiled runtime
+    tallies those its calls traced (specdec.runtime.compiled.CompiledForward.built)."""
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]

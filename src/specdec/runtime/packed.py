@@ -18,12 +18,12 @@ import functools
 import logging
 import os
 import shutil
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "kernels" / "packed_mm.cpp"
@@ -162,15 +162,15 @@ def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | Non
     if not linears:
         return None
     inputs = {(n, m.in_features): torch.randn(n, m.in_features) for n in (1, rows) for m in linears}
-    seconds: dict[int, list[float]] = {1: [], rows: []}
+
+    def every_linear(n: int) -> None:
+        for m in linears:
+            torch.ops.specdec.packed_mm(inputs[n, m.in_features], m.packed, m.out_features)
+
+    jobs = {n: functools.partial(every_linear, n) for n in (1, rows)}
     with torch.inference_mode():
-        for _ in range(repeats):
-            for n in (1, rows):
-                start = time.perf_counter()
-                for m in linears:
-                    torch.ops.specdec.packed_mm(inputs[n, m.in_features], m.packed, m.out_features)
-                seconds[n].append(time.perf_counter() - start)
-    return statistics.median(seconds[rows]) / statistics.median(seconds[1])
+        seconds = interleaved_medians(jobs, repeats, warmup=0)
+    return seconds[rows] / seconds[1]
 
 
 def all_packed(model: torch.nn.Module) -> bool:

@@ -5,7 +5,6 @@ specdec.runtime.timing."""
 from __future__ import annotations
 
 import logging
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -14,8 +13,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .compiled import compiled_forward
-from .timing import interleaved_medians, stopwatch
+from .compiled import compiled_forward, runs_compiled
+from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
 
@@ -68,43 +67,37 @@ def choose_threads(
     """
     if not counts or min(counts) < 1:
         raise ValueError(f"thread counts must be >= 1, got {list(counts)}")
-    samples: dict[int, list[float]] = {n: [] for n in counts}
+    jobs = {n: partial(probe_on_threads, n, model, prefix, width) for n in counts}
     previous = torch.get_num_threads()
     try:
-        for _ in range(repeats):
-            for n in counts:
-                torch.set_num_threads(n)
-                samples[n].append(probe_ms(model, prefix, width))
+        seconds = interleaved_medians(jobs, repeats, warmup=0, device=prefix.device)
     finally:
         torch.set_num_threads(previous)
-    probe = {n: statistics.median(v) for n, v in samples.items()}
-    best = min(counts, key=lambda n: (probe[n], n))
-    return ThreadChoice(best, probe, width, prefix.shape[-1])
+    probe_ms = {n: 1000 * s for n, s in seconds.items()}
+    best = min(counts, key=lambda n: (probe_ms[n], n))
+    return ThreadChoice(best, probe_ms, width, prefix.shape[-1])
 
 
 @torch.inference_mode()
-def probe_ms(model: PreTrainedModel, prefix: torch.Tensor, width: int) -> float:
-    """Milliseconds of a pass over prefix (1, L) into an empty cache, then of a one-token step and of a pass
-    over width tokens after it (each cropped back)."""
+def probe_on_threads(threads: int, model: PreTrainedModel, prefix: torch.Tensor, width: int) -> None:
+    """On `threads` torch threads: a pass over prefix (1, L) into an empty cache, then a one-token step and a
+    pass over width tokens after it (each cropped back)."""
+    torch.set_num_threads(threads)
     lm = CachedLM(model)
-    seconds: dict[str, float] = {}
-    with stopwatch(seconds, "probe", prefix.device):
-        lm.forward(prefix, last_only=True)
+    lm.forward(prefix, last_only=True)
     for tokens in (prefix[:, -1:], pass_tokens(prefix, width)):
         run, undo = timed_step(lm, tokens)
-        with stopwatch(seconds, "probe", prefix.device):
-            run()
+        run()
         undo()
-    return 1000 * seconds["probe"]
 
 
 def build_graphs(model: PreTrainedModel, rows: int = 1) -> None:
     """Compile (or load from inductor's disk cache) the model's graphs of `rows` rows at every width bucket now,
     one dummy pass each on a cache of its own, so that no timed pass pays a first compile (up to a minute with
     autotune). Eager models: nothing to do."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
+    if not runs_compiled(model):
         return
+    runtime = compiled_forward(model)
     lm = CachedLM(model)
     for width in (1, *runtime.widths):  # the first pass, into an empty cache, runs eager (it allocates the cache)
         lm.forward(torch.zeros(rows, width, dtype=torch.long, device=lm.device))
@@ -115,9 +108,9 @@ def time_buckets(model: PreTrainedModel, context: int = 32, repeats: int = 7) ->
     rounds), kept in the runtime's pass_ms so that a pass pads to the cheapest bucket that holds it: an autotuned
     GEMM of 2 rows can cost more than one of 4 (Gemma 3 on a 2-core AVX512 CPU). Build the graphs first
     (build_graphs). Eager models: {}."""
-    runtime = compiled_forward(model)
-    if runtime is None or runtime.eager:
+    if not runs_compiled(model):
         return {}
+    runtime = compiled_forward(model)
     runtime.pass_ms = {}  # each width in its own bucket while timed
     lm = CachedLM(model)
     lm.forward(torch.zeros(1, context, dtype=torch.long, device=lm.device), last_only=True)
