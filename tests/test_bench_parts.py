@@ -107,14 +107,27 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
 
 
-def test_cost_figures_time_a_draft_with_another_vocabulary():
+def test_pass_costs_time_a_draft_with_another_vocabulary():
     """bench=cross: the target's ids are out of the draft's range; the draft step is timed on ids it has."""
-    from experiments.bench.figures import cost_figures
+    from specdec.runtime.study import pass_costs
     from specdec.runtime.tiny import tiny_model
 
     target, draft = tiny_model("llama", vocab_size=64), tiny_model("llama", vocab_size=32)
-    figures = cost_figures(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
+    figures = pass_costs(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
     assert figures["draft_step_ms"] > 0 and figures["c"] > 0
+    assert list(figures["pass_ms_by_width"]) == [1, 2, 3, 5] and figures["pass_cost_by_width"][1] == 1
+
+
+def test_pass_ms_times_every_width_next_to_the_weights_read():
+    """The runtime study's rounds: one pass of each width and one read of the weights, the cache cropped back."""
+    from specdec.runtime.study import memory_bound_ms, pass_ms, weight_bytes
+    from specdec.runtime.tiny import tiny_model
+
+    model = tiny_model("llama", seed=0)
+    ms, read_ms = pass_ms(model, torch.arange(1, 9)[None], [1, 2, 4], repeats=2)
+    assert set(ms) == {1, 2, 4} and all(t > 0 for t in ms.values()) and read_ms > 0
+    bound_ms, gbps = memory_bound_ms(model, repeats=2)
+    assert bound_ms > 0 and gbps == pytest.approx(weight_bytes(model) / (bound_ms / 1000) / 1e9)
 
 
 @pytest.mark.parametrize("overrides, message", [
