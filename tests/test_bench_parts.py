@@ -19,7 +19,7 @@ def test_unknown_contender_is_refused():
     """Before anything loads (a ConfigError: `python -m experiments.bench` exits with 2 and the message)."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import contenders_of
+    from experiments.bench.contenders import contenders_of
     from experiments.run.pair import Pairs
     from experiments.run.settings import ConfigError
 
@@ -141,7 +141,7 @@ def test_the_bench_keys_are_checked_before_anything_runs(overrides, message):
     """A bad bench key fails in milliseconds with its choices, not after the whole bench ran."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import check_bench
+    from experiments.bench.contenders import check_bench
     from experiments.run.settings import ConfigError
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -156,8 +156,8 @@ def test_a_contender_that_raises_while_running_is_recorded(tmp_path, monkeypatch
     finish, each contender's file is written, and the goal that needed it is not measured."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import contenders_of, run_bench
-    from experiments.bench.failures import Failures
+    from experiments.bench.app import run_bench
+    from experiments.bench.contenders import Failures, contenders_of
     from experiments.run.pair import Pairs
     from experiments.run.prompts import load_prompts
     from specdec.runtime.models import encode_prompt

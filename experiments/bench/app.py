@@ -29,32 +29,27 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import torch
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
 from specdec.runtime.study import pass_costs
 
-from ..records import machine, write_result
-from ..run.methods import Setup, setup_of
+from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError, check_renamed
+from ..run.settings import CONF_DIR, ConfigError
 from .batch import batch_study
-from .checks import DEFAULT, check_bench, output_check
-from .failures import Failures, mark_not_measured, write_contender
+from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
 from .figures import contender_figures
-from .goals import ISSUE_9, goal_entries
-from .heads import draft_kind, draft_kinds
+from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import annotate_goals, pairwise, ratios
-from .schedule import ForwardClock, Output, Run, interleaved, output_of
+from .ratios import output_check, pairwise, ratios
+from .schedule import ForwardClock, Run, interleaved
 from .table import bench_table
 
 
@@ -77,7 +72,7 @@ def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[s
         log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
         left[name] -= 1
         if left[name] == 0 and out is not None:
-            write_contender(out, name, {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
+            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
     return {name: runs[name] for name in names if name not in failures.failed}
 
 
