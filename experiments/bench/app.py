@@ -37,7 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
-from specdec.runtime.study import pass_costs
+from specdec.runtime.study import ForwardClock, pass_costs
 
 from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
@@ -49,7 +49,7 @@ from .figures import contender_figures
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import output_check, pairwise, ratios
-from .schedule import ForwardClock, Run, interleaved
+from .schedule import Run, clocked, interleaved
 from .table import bench_table
 
 
@@ -65,7 +65,7 @@ def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[s
     runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
     left = dict.fromkeys(names, len(prompts) * repetitions)
     for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = failures.attempt(name, "run", clock.measure, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
+        run = failures.attempt(name, "run", clocked, clock, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
         if run is None:
             continue
         runs[name][prompt.id].append(run)

@@ -1,17 +1,20 @@
 """What a target pass costs on this machine: against its width and context, against one read of the weights (the
-memory bound), eager and compiled. The measurements behind `python -m experiments.bench` (its costs) and
-`bench=runtime` (the runtime study); every timing goes through specdec.runtime.timing's interleaved loop."""
+memory bound), eager and compiled; and the clock inside each model's forward during a whole generation. The
+measurements behind `python -m experiments.bench` (its costs) and `bench=runtime` (the runtime study); the
+interleaved timings go through specdec.runtime.timing's one loop."""
 
 from __future__ import annotations
 
 import copy
 import statistics
+import time
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .compiled import compile_model
+from .compiled import CompiledForward, compile_model, compiled_forward
 from .models import DTYPES
 from .probes import forward_ms, pass_tokens, timed_step
 from .timing import interleaved_samples
@@ -41,7 +44,8 @@ def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], rep
     big = torch.ones(weight_bytes(model) // 4)
     steps = {w: timed_step(lm, pass_tokens(prefix, w)) for w in widths}
     jobs = {"read": big.sum, **{w: run for w, (run, _) in steps.items()}}
-    samples = interleaved_samples(jobs, repeats, device=prefix.device, after={w: undo for w, (_, undo) in steps.items()})
+    undo = {w: crop for w, (_, crop) in steps.items()}
+    samples = interleaved_samples(jobs, repeats, device=prefix.device, after=undo)
     reads = samples.pop("read")
     return {w: 1000 * statistics.median(s) for w, s in samples.items()}, 1000 * min(reads)
 
@@ -117,3 +121,60 @@ def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
         raise ValueError(f"runtime profile dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
 
+
+class ForwardClock:
+    """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
+
+    Wall time minus this is the loop's own overhead (sampling, acceptance, cache bookkeeping, Python).
+    A model on the compiled runtime runs its passes through CompiledForward, which calls the model's forward
+    without its hooks (a hook traced into a graph would stop it compiling): those calls are timed there instead.
+    """
+
+    def __init__(self, models: dict[str, torch.nn.Module | None]):
+        models = {name: m for name, m in models.items() if m is not None}
+        self.seconds = dict.fromkeys(models, 0.0)
+        self.calls = dict.fromkeys(models, 0)
+        self.handles = []
+        self.wrapped: list[tuple[CompiledForward, str, bool, Callable]] = []  # runtime, attribute, own, original
+        for name, model in models.items():
+            self.handles.append(model.register_forward_pre_hook(lambda *_: self._start()))
+            self.handles.append(model.register_forward_hook(lambda *_, n=name: self._stop(n)))
+            runtime = compiled_forward(model)
+            if runtime is not None:
+                self.time_runtime(name, runtime)
+
+    def time_runtime(self, name: str, runtime: CompiledForward) -> None:
+        """Time the runtime's compiled passes and its eager ones (passes wider than every bucket) as the model's."""
+        for attr in ("compiled", "run"):
+            inner = getattr(runtime, attr)
+
+            def timed(*args, inner=inner):
+                self._start()
+                out = inner(*args)
+                self._stop(name)
+                return out
+
+            self.wrapped.append((runtime, attr, attr in vars(runtime), inner))
+            setattr(runtime, attr, timed)
+
+    def _start(self) -> None:
+        self.started = time.perf_counter()
+
+    def _stop(self, name: str) -> None:
+        self.seconds[name] += time.perf_counter() - self.started
+        self.calls[name] += 1
+
+    def reset(self) -> None:
+        """Start the counts again from zero."""
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.calls = dict.fromkeys(self.calls, 0)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for runtime, attr, own, inner in reversed(self.wrapped):
+            if own:
+                setattr(runtime, attr, inner)
+            else:
+                delattr(runtime, attr)
+        self.wrapped = []
