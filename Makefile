@@ -59,4 +59,4 @@ lab: $(STAMP)  ## JupyterLab on notebooks/ (as root too, as in most containers: 
 	$(BIN)/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src experiments tests
+	$(BIN)/ruff check src experiments tests scripts

@@ -2,21 +2,53 @@
 
 A Hydra sweep folder holds multirun.yaml (the sweep's overrides, written before any job starts) and one run
 folder per job, each with .hydra/overrides.yaml. A job writes done.json last when it finished and failed.json
-when it raised (experiments.run.jobs). Everything here only reads, so it can run while the sweep still runs.
+when it raised (experiments.run.jobs writes them with the functions here). Everything else here only reads, so it
+can run while the sweep still runs.
 """
 
 from __future__ import annotations
 
 import json
+import platform
+import traceback
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .records import markdown_table
-from .run.jobs import DONE, FAILED
+from .records import markdown_table, write_json
 
+DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder
 LOG_TAIL = 3  # lines of a job's log shown when it stopped without a failed.json (killed, out of memory, ...)
 ERROR_CHARS = 400  # of a failed job's error message, on one line
+
+
+def finished(run_dir: Path, overrides: list[str]) -> bool:
+    """True when the folder holds a done.json written by a job with these overrides."""
+    marker = run_dir / DONE
+    return marker.exists() and json.loads(marker.read_text()).get("overrides") == overrides
+
+
+def mark_done(run_dir: Path, overrides: list[str], seconds: float) -> None:
+    """done.json: written last, so its presence means the job's results are complete."""
+    write_json(run_dir / DONE, {"overrides": overrides, "seconds": round(seconds, 3), "host": platform.node()})
+
+
+def record_failure(run_dir: Path, overrides: list[str], error: BaseException, seconds: float) -> None:
+    """failed.json: the error's type and message, where it was raised and the traceback's last lines."""
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    write_json(run_dir / FAILED, {
+        "overrides": overrides, "error": f"{type(error).__name__}: {error}".strip(), "seconds": round(seconds, 3),
+        "host": platform.node(), "traceback": "".join(lines).splitlines()[-12:],
+    })  # fmt: skip
+
+
+def start_afresh(run_dir: Path) -> None:
+    """A job run again in its folder (a re-launched sweep, skip_finished=false or unfinished) starts without the
+    earlier attempt's markers; its rows move to results.jsonl.replaced, as the run appends to results.jsonl."""
+    (run_dir / DONE).unlink(missing_ok=True)
+    (run_dir / FAILED).unlink(missing_ok=True)
+    if (run_dir / "results.jsonl").exists():
+        (run_dir / "results.jsonl").replace(run_dir / "results.jsonl.replaced")
 
 
 def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:

@@ -19,7 +19,7 @@ def test_unknown_contender_is_refused():
     """Before anything loads (a ConfigError: `python -m experiments.bench` exits with 2 and the message)."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import contenders_of
+    from experiments.bench.contenders import contenders_of
     from experiments.run.pair import Pairs
     from experiments.run.settings import ConfigError
 
@@ -107,14 +107,27 @@ def test_machine_records_cpu_features_and_bitsandbytes_path():
     assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
 
 
-def test_cost_figures_time_a_draft_with_another_vocabulary():
+def test_pass_costs_time_a_draft_with_another_vocabulary():
     """bench=cross: the target's ids are out of the draft's range; the draft step is timed on ids it has."""
-    from experiments.bench.figures import cost_figures
+    from specdec.runtime.study import pass_costs
     from specdec.runtime.tiny import tiny_model
 
     target, draft = tiny_model("llama", vocab_size=64), tiny_model("llama", vocab_size=32)
-    figures = cost_figures(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
+    figures = pass_costs(target, draft, torch.tensor([[60, 61, 3]]), k=2, max_width=3)
     assert figures["draft_step_ms"] > 0 and figures["c"] > 0
+    assert list(figures["pass_ms_by_width"]) == [1, 2, 3, 5] and figures["pass_cost_by_width"][1] == 1
+
+
+def test_pass_ms_times_every_width_next_to_the_weights_read():
+    """The runtime study's rounds: one pass of each width and one read of the weights, the cache cropped back."""
+    from specdec.runtime.study import memory_bound_ms, pass_ms, weight_bytes
+    from specdec.runtime.tiny import tiny_model
+
+    model = tiny_model("llama", seed=0)
+    ms, read_ms = pass_ms(model, torch.arange(1, 9)[None], [1, 2, 4], repeats=2)
+    assert set(ms) == {1, 2, 4} and all(t > 0 for t in ms.values()) and read_ms > 0
+    bound_ms, gbps = memory_bound_ms(model, repeats=2)
+    assert bound_ms > 0 and gbps == pytest.approx(weight_bytes(model) / (bound_ms / 1000) / 1e9)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -128,7 +141,7 @@ def test_the_bench_keys_are_checked_before_anything_runs(overrides, message):
     """A bad bench key fails in milliseconds with its choices, not after the whole bench ran."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import check_bench
+    from experiments.bench.contenders import check_bench
     from experiments.run.settings import ConfigError
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -143,8 +156,8 @@ def test_a_contender_that_raises_while_running_is_recorded(tmp_path, monkeypatch
     finish, each contender's file is written, and the goal that needed it is not measured."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.bench.app import contenders_of, run_bench
-    from experiments.bench.failures import Failures
+    from experiments.bench.app import run_bench
+    from experiments.bench.contenders import Failures, contenders_of
     from experiments.run.pair import Pairs
     from experiments.run.prompts import load_prompts
     from specdec.runtime.models import encode_prompt

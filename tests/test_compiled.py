@@ -92,7 +92,7 @@ def test_a_draft_head_reads_the_compiled_targets_features():
 def test_a_graph_compiles_under_the_benchs_forward_clock():
     """The bench's clock hooks every model's forward; the compiled runtime calls forward without hooks (one traced
     into the graph made the compile fail and the model run eager for good), and the clock times its passes."""
-    from experiments.bench.schedule import ForwardClock
+    from specdec.runtime.study import ForwardClock
 
     target = compiled_tiny("llama")
     runtime = compiled_forward(target)

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.bench.app import selected
-from experiments.bench.checks import check_bench as check_bench_keys
+from experiments.bench.contenders import check_bench as check_bench_keys
 from experiments.report import parser as report_parser
 from experiments.run.settings import check_renamed, validate
 

@@ -1,14 +1,18 @@
-"""The GEMM probe (experiments.bench.gemm): its figures hang together, and bad input is refused."""
+"""The GEMM probe (scripts/gemm_probe.py): its figures hang together, and bad input is refused."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from experiments.bench.gemm import Stack, main, probe, runner, table
 from specdec.runtime.packed import unavailable_reason
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from gemm_probe import Stack, main, probe, runner, table
 
 
 def test_the_probe_reports_ms_bound_and_arithmetic_rate_per_row_count():

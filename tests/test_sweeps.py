@@ -18,8 +18,17 @@ from omegaconf import OmegaConf
 
 from experiments.report import report
 from experiments.run import jobs as run_jobs
-from experiments.run.jobs import DONE, FAILED, cores, finished, mark_done, record_failure, threads_per_job
-from experiments.sweeps import expected_jobs, sweep_status
+from experiments.run.jobs import cores, threads_per_job
+from experiments.sweeps import (
+    DONE,
+    FAILED,
+    expected_jobs,
+    finished,
+    mark_done,
+    record_failure,
+    start_afresh,
+    sweep_status,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny_random", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2"]
@@ -98,8 +107,8 @@ def test_status_of_a_partial_sweep(tmp_path: Path):
     assert "| 1 | k=1 temperature=1 | 1 | failed | ValueError: random:tiny-draft" in text
     assert "No finished run yet" in text
     (tmp_path / "0" / "results.jsonl").write_text("{}\n")
-    run_jobs.start_afresh(tmp_path / "0")  # a job run again: no marker of the earlier attempt, its rows set aside
-    run_jobs.start_afresh(tmp_path / "1")
+    start_afresh(tmp_path / "0")  # a job run again: no marker of the earlier attempt, its rows set aside
+    start_afresh(tmp_path / "1")
     assert not any((tmp_path / n / m).exists() for n in "01" for m in (DONE, FAILED, "results.jsonl"))
     assert (tmp_path / "0" / "results.jsonl.replaced").read_text() == "{}\n"
 

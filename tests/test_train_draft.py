@@ -3,6 +3,7 @@ finds it, resumes after an interruption, and reads ShareGPT's cut-off file up to
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,11 @@ from omegaconf import OmegaConf
 
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
-from experiments.train_draft import app, calibration, store
+from experiments.train_draft import app, store
 from experiments.train_draft.data import encode, whole_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import head_calibration
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 TINY = ["model=tiny_random", "data.source=bundled", "data.conversations=8", "data.self_distill=true",
@@ -60,7 +64,7 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     assert (tmp_path / "second" / "learning_curve.png").stat().st_size > 0
     assert "| step |" in (tmp_path / "second" / "head.md").read_text()
 
-    table = calibration.calibration(folder)  # confidence against greedy match on the same validation positions
+    table = head_calibration.calibration(folder)  # confidence against greedy match on the same validation positions
     assert table["thresholds"][0]["share"] == 1 and abs(sum(b["share"] for b in table["bins"]) - 1) < 1e-6
     assert table["thresholds"][0]["greedy_match"] == pytest.approx(meta["final"]["answer_greedy_match"], abs=1e-6)
 
@@ -106,8 +110,7 @@ def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10,
 def test_head_keys_of_the_bench():
     """head_vs_best_copy over the best copy (a switch over a copy, lookup and the head is none), head_c from drafting seconds per draft token over a target step, and
     tokens per pass of the best fixed-k chain (a tree is not a chain)."""
-    from experiments.bench.heads import head_ratios
-    from experiments.bench.ratios import Figures
+    from experiments.bench.ratios import Figures, head_ratios
 
     contenders = {
         "ar": contender(None, 4, 10.0),
@@ -134,7 +137,7 @@ def test_head_keys_of_the_bench():
 
 
 def test_a_switch_drafts_with_its_candidates_kinds():
-    from experiments.bench.heads import draft_kind, draft_kinds
+    from experiments.bench.contenders import draft_kind, draft_kinds
     from specdec import DraftSwitch, NGramDrafter
     from specdec.draft.head import DraftHead
     from specdec.draft.head_drafter import HeadDrafter

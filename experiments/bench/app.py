@@ -29,104 +29,28 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import torch
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
+from specdec.runtime.study import ForwardClock, pass_costs
 
-from ..records import machine, write_result
-from ..run.methods import Setup, setup_of
+from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError, check_renamed
+from ..run.settings import CONF_DIR, ConfigError
 from .batch import batch_study
-from .checks import DEFAULT, check_bench, output_check
-from .failures import Failures, mark_not_measured, write_contender
-from .figures import contender_figures, cost_figures
-from .goals import ISSUE_9, goal_entries
-from .heads import draft_kind, draft_kinds
+from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
+from .figures import contender_figures
+from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import annotate_goals, pairwise, ratios
-from .schedule import ForwardClock, Output, Run, interleaved, output_of
+from .ratios import output_check, pairwise, ratios
+from .schedule import Run, clocked, interleaved
 from .table import bench_table
-
-
-@dataclass
-class Contender:
-    """One configuration of experiments.run and its one method, built."""
-
-    name: str
-    overrides: list[str]
-    setup: Setup
-    method: str
-
-    @property
-    def owner(self) -> str:
-        """Whose loop: ours, or Hugging Face's (method=hf)."""
-        return "hf" if self.method == "hf" else "ours"
-
-    @property
-    def drafts(self) -> str | None:
-        """What drafts: a model, a trained head, a lookup (ngram), both (hybrid), or nothing (target only)."""
-        if self.method == "hf":
-            return "model" if self.setup.hf.assistant else "ngram" if self.setup.hf.prompt_lookup else None
-        if self.method == "autoregressive":
-            return None
-        return draft_kind(self.setup.drafter)
-
-    @property
-    def pass_width(self) -> int | None:
-        """Tokens in each verification pass at most: k + 1 for a chain of fixed k, nodes + 1 for a tree."""
-        plan = self.setup.plan
-        if self.method != "speculative" or (not plan.trees and not isinstance(plan.k, int)):
-            return None
-        return self.setup.drafter.most_nodes + 1 if plan.trees else plan.k + 1
-
-    def figures(self) -> dict:
-        """What bench.json says of the contender besides its measurements."""
-        lookup = self.setup.hf.prompt_lookup if self.method == "hf" else None
-        return {"overrides": self.overrides, "method": self.method, "owner": self.owner, "drafts": self.drafts,
-                "k": self.setup.plan.k, "prompt_lookup": lookup, "pass_width": self.pass_width,
-                "draft_kinds": draft_kinds(self.setup.drafter) if self.owner == "ours" and self.drafts else [],
-                "head": getattr(self.setup.drafter, "checkpoint", None)}  # fmt: skip
-
-    def run(self, ids: torch.Tensor, n: int, seed: int, stop_at_eos: bool = True) -> Output:
-        return output_of(self.setup.generate(self.method, ids, n, seed, stop_at_eos), self.owner == "ours")
-
-
-def method_of(cfg: DictConfig, name: str) -> str:
-    """A contender's one method: its configuration's method, which must be a single one."""
-    if cfg.method == "all":
-        raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
-    return str(cfg.method)
-
-
-def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None,
-                  failures: Failures | None = None) -> dict[str, Contender]:  # fmt: skip
-    """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these.
-    failures: a contender that fails to build (its model does not load) is recorded there and left out; without it,
-    or for the default run's configuration, the error is raised."""
-    deltas = {DEFAULT: [], **{name: list(delta) for name, delta in cfg.bench.contenders.items()}}
-    unknown = sorted(set(only or []) - set(deltas))
-    if unknown:
-        raise ConfigError(f"bench contenders {unknown} are not in bench.contenders; choices: {', '.join(deltas)}")
-    built = {}
-    for name, delta in deltas.items():
-        if only is not None and name not in only:
-            continue
-        check_renamed(delta)
-        job = compose("bench", overrides=[*base, *delta])
-        method = method_of(job, name)
-        setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)
-        if setup is not None:
-            built[name] = Contender(name, delta, setup, method)
-    return built
 
 
 def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
@@ -141,14 +65,14 @@ def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[s
     runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
     left = dict.fromkeys(names, len(prompts) * repetitions)
     for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = failures.attempt(name, "run", clock.measure, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
+        run = failures.attempt(name, "run", clocked, clock, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
         if run is None:
             continue
         runs[name][prompt.id].append(run)
         log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
         left[name] -= 1
         if left[name] == 0 and out is not None:
-            write_contender(out, name, {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
+            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
     return {name: runs[name] for name in names if name not in failures.failed}
 
 
@@ -197,7 +121,7 @@ def run_bench(
     result["greedy_check"] = output_check(runs, s, reference)
     log("measuring the target's pass cost vs width")
     k = plan.k if isinstance(plan.k, int) else 4
-    result["costs"] = cost_figures(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
+    result["costs"] = pass_costs(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
     result["ratios"], result["best_configuration"] = ratios(result)
     result["pairwise"] = pairwise(result["contenders"], pairs or {})
     flags = machine(plan.device)["cpu"]["flags"]

@@ -1,15 +1,10 @@
-"""The benchmark's runs -> figures: throughput per contender and category, our Stats pooled, measured costs."""
+"""The benchmark's runs -> figures: throughput per contender and category, our Stats pooled."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections import Counter
-
-import torch
-from transformers import PreTrainedModel
-
-from specdec.runtime.probes import forward_ms
 
 from ..run.prompts import Prompt
 from .schedule import Run
@@ -92,36 +87,6 @@ def contender_figures(per_prompt: dict[str, list[Run]], prompts: list[Prompt]) -
     if stats:
         figures["stats"] = pooled_stats(stats)
     return figures
-
-
-def pass_widths(k: int, max_width: int) -> list[int]:
-    """Widths of the pass-cost curve: 1..max_width, and the chain passes k + 1 and 2k + 1."""
-    return sorted(set(range(1, max_width + 1)) | {k + 1, 2 * k + 1})
-
-
-def cost_figures(
-    target: PreTrainedModel, draft: PreTrainedModel | None, prefix: torch.Tensor, k: int, max_width: int = 17
-) -> dict:
-    """Measured costs: c = draft step / target step, and one target pass's time vs its width.
-
-    A pass of width w scores w new tokens after the prefix (causal mask): width 1 is a plain step,
-    k + 1 a chain's verification, nodes + 1 a tree's (whose 4D mask is not part of this curve).
-    """
-    pass_ms = {w: forward_ms(target, prefix, w) for w in pass_widths(k, max_width)}
-    target_ms = pass_ms[1]
-    # a draft with another vocabulary cannot read the target's ids: time its step on ids it has (the time of a
-    # forward does not depend on which ids)
-    draft_prefix = prefix % draft.get_input_embeddings().num_embeddings if draft is not None else None
-    draft_ms = forward_ms(draft, draft_prefix, 1) if draft is not None else float("nan")
-    return {
-        "context_tokens": prefix.shape[-1],
-        "target_step_ms": target_ms,
-        "draft_step_ms": draft_ms,
-        "c": draft_ms / target_ms,
-        "target_verify_ms_by_k": {n - 1: pass_ms[n] for n in sorted({2, k + 1, 2 * k + 1})},
-        "pass_ms_by_width": pass_ms,
-        "pass_cost_by_width": {w: ms / target_ms for w, ms in pass_ms.items()},  # in target steps
-    }
 
 
 def decode_rate(figures: dict) -> float:

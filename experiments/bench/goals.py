@@ -1,4 +1,5 @@
-"""The benchmark's goals: every threshold a measured ratio is held to, in one place.
+"""The benchmark's goals: every threshold a measured ratio is held to, in one place, and the goal entries of
+bench.json (value, target, met, the contenders compared).
 
 docs/performance.md quotes this table. Each ratio is ours over the other contender's tokens per second
 (or measured over predicted), higher is better.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+NOT_MEASURED = "not measured"
 GOALS: dict[str, float | dict[str, float]] = {
     # best offline configuration of ours vs our target-only loop, geometric mean over prompt categories; by CPU:
     # higher where bitsandbytes' fused 4-bit kernel and native bf16 matmuls make the drafts cheap (AVX512-BF16)
@@ -122,3 +124,34 @@ def runtime_goal_entries(keys: dict[str, object]) -> dict[str, dict[str, object]
         met = (value <= target if direction == "at_most" else value >= target) if measured else None
         entries[key] = {"value": value if measured else None, "target": target, "direction": direction, "met": met}
     return entries
+
+
+def mark_not_measured(goals: dict, failed: dict[str, dict], flags: list[str], greedy: bool, keys: tuple[str, ...]) -> None:
+    """Goals whose ratio could not be measured because contenders failed: value None, met None, status "not
+    measured" and the failed contenders (keys: the goals this bench measures, added when no ratio was left)."""
+    if not failed:
+        return
+    for key in keys:
+        goals.setdefault(key, {"value": None, "target": target_of(key, flags, greedy)[0], "met": None})
+    for goal in goals.values():
+        if goal["value"] is None:
+            goal.update(status=NOT_MEASURED, failed_contenders=sorted(failed))
+
+
+def annotate_goals(goals: dict, best: dict, k: int, contenders: dict) -> None:
+    """Name, next to each goal ratio, the contenders it compares."""
+    for key in ("best_vs_target_only_geomean", "best_vs_target_only_min_category"):
+        if key in goals:
+            goals[key].update(contender=best.get("offline"), against="ar")
+    if "vs_hf_prompt_lookup" in goals:
+        goals["vs_hf_prompt_lookup"].update(
+            contender=best.get("ngram"),
+            against="hf_lookup_default",
+            against_k=contenders.get("hf_lookup_default", {}).get("prompt_lookup"),
+            hf_best_fixed_k=best.get("hf_lookup_best_k"),
+            hf_best_fixed_k_contender=best.get("hf_lookup_fixed_k"),
+        )
+    if "vs_hf_assisted" in goals:
+        goals["vs_hf_assisted"].update(
+            contender=best.get("model"), against=["hf_assisted_default", "hf_assisted"], against_fixed_k=k
+        )

@@ -10,16 +10,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..records import peak_rss_mb, reset_peak_rss
 from ..run.prompts import Prompt
-
-if TYPE_CHECKING:
-    from .app import Contender
-
+from .contenders import Contender
 
 GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
 

@@ -1,14 +1,24 @@
 """The benchmark's figures -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
-chain vs tree at equal width and the cost model's prediction vs measurement."""
+chain vs tree at equal width, the cost model's prediction vs measurement, and the greedy output check.
+
+The trained head's keys (bench=heads): the best head over the best copy, the head's draft cost c, its tokens per
+target pass, and the best head over target-only (`<pair>_head_vs_target_only`). A contender drafts with a head when
+its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders whose every draft is a model
+(`draft_kinds: ["model"]`): the calibrated default's online choice over a copy, prompt lookup and the head is not a
+copy.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
 
 from .figures import decode_rate, geomean
-from .heads import head_ratios
+from .schedule import Run
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
@@ -164,25 +174,6 @@ def goal_ratios(f: Figures) -> tuple[dict, dict[str, float]]:
     return chosen, out
 
 
-def annotate_goals(goals: dict, best: dict, k: int, contenders: dict) -> None:
-    """Name, next to each goal ratio, the contenders it compares."""
-    for key in ("best_vs_target_only_geomean", "best_vs_target_only_min_category"):
-        if key in goals:
-            goals[key].update(contender=best.get("offline"), against="ar")
-    if "vs_hf_prompt_lookup" in goals:
-        goals["vs_hf_prompt_lookup"].update(
-            contender=best.get("ngram"),
-            against="hf_lookup_default",
-            against_k=contenders.get("hf_lookup_default", {}).get("prompt_lookup"),
-            hf_best_fixed_k=best.get("hf_lookup_best_k"),
-            hf_best_fixed_k_contender=best.get("hf_lookup_fixed_k"),
-        )
-    if "vs_hf_assisted" in goals:
-        goals["vs_hf_assisted"].update(
-            contender=best.get("model"), against=["hf_assisted_default", "hf_assisted"], against_fixed_k=k
-        )
-
-
 def chain_vs_tree(result: dict) -> dict:
     """Tokens per target pass (and tokens/s, and measured seconds per pass) of a chain and a tree of the same
     pass width, per drafter."""
@@ -251,3 +242,65 @@ def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:
     a contender that did not run (bench.only) are left out."""
     return {key: contenders[a]["tokens_per_second"]["median"] / contenders[b]["tokens_per_second"]["median"]
             for key, (a, b) in pairs.items() if a in contenders and b in contenders}  # fmt: skip
+
+
+def output_check(runs: dict[str, dict[str, list[Run]]], sampling: Sampling, reference: str) -> dict:
+    """Greedy: every contender's first output per prompt against the reference's; sampling: skipped, said why."""
+    names = list(runs)
+    if not sampling.greedy:
+        return {"identical": None,
+                "skipped": f"temperature {sampling.temperature} > 0: outputs are samples (each loop draws its own random "
+                "numbers), so equal outputs are not expected; exactness at T > 0 is what the chi-square tests check"}
+    outputs = {name: {pid: rs[0].tokens for pid, rs in runs[name].items()} for name in names}
+    return check_identical(outputs, reference=reference if reference in names else names[0])
+
+
+UNFIXED = ("tree=", "model.draft.confidence=")  # a tree is not a chain; a confidence stop drafts fewer than k tokens
+
+
+def head_c(contender: dict, target_step_ms: float) -> float:
+    """The head's draft cost per token in target steps: its drafting seconds (catch-up on the target's new
+    features included) per drafted token, over one target step."""
+    stats = contender["stats"]
+    if not stats.get("draft_forwards") or not target_step_ms:
+        return math.nan
+    return stats["seconds"]["draft"] / stats["draft_forwards"] / (target_step_ms / 1000)
+
+
+def pair_of(contender: dict) -> str:
+    """The target's pair of a head contender, by its overrides (model=gemma3_head -> gemma3); else "target"."""
+    pairs = [o.split("=", 1)[1] for o in contender["overrides"] if o.startswith("model=")]
+    return pairs[-1].removesuffix("_head") if pairs else "target"
+
+
+def head_ratios(f, result: dict) -> dict[str, float]:
+    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k (k tokens every
+    round: no tree, no confidence stop, whose drafting seconds also count rounds that draft nothing), when the
+    bench ran a head; `f` is the bench's ratios.Figures."""
+    heads = f.group("ours", "head")
+    copies = [n for n in f.group("ours", "model") if f.c[n].get("draft_kinds", ["model"]) == ["model"]]
+    if not heads:
+        return {}
+    best = f.best(heads)
+    fixed = [n for n in heads if isinstance(f.c[n]["k"], int) and not any(o.startswith(UNFIXED) for o in f.c[n]["overrides"])]
+    chain = f.best(fixed) if fixed else best
+    stats = f.c[chain]["stats"]
+    step_ms = (result.get("costs") or {}).get("target_step_ms")
+    model = pair_of(f.c[best])  # gemma3_head_vs_target_only is a goal
+    result["head"] = training_record(f.c[best].get("head"))
+    return {
+        "head_vs_best_copy": f.category_geomean(best) / f.category_geomean(f.best(copies)) if copies else math.nan,
+        "head_c": head_c(f.c[chain], step_ms),
+        "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
+        f"{model}_head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
+    }
+
+
+def training_record(folder: str | None) -> dict | None:
+    """How the head was trained (its meta.json): the folder, data, tokens, steps, minutes, final acceptance."""
+    if folder is None or not (Path(folder) / "meta.json").is_file():
+        return None
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    keep = ("teacher", "steps", "training_seconds", "training_chunks", "validation_chunks", "final")
+    return {"folder": folder, "head": meta["settings"]["head"], "train": meta["settings"]["train"],
+            "data": meta["settings"]["data"], **{k: meta[k] for k in keep}}

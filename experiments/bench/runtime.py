@@ -1,4 +1,5 @@
 """The runtime study: what a target pass costs against its width, eager and compiled, next to the memory bound.
+The measurements are specdec.runtime.study's; here the profiles of the config, the end-to-end runs, the table.
 
 python -m experiments.bench bench=runtime
 
@@ -20,10 +21,8 @@ ratio compares timings of one machine and load:
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,86 +33,21 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
-from specdec.runtime.cached import CachedLM
-from specdec.runtime.compiled import compile_model, eager_model
-from specdec.runtime.models import DTYPES
-from specdec.runtime.probes import pass_tokens
-from specdec.runtime.timing import stopwatch
+from specdec.runtime.compiled import eager_model
+from specdec.runtime.study import (
+    compile_seconds,
+    largest_logit_difference,
+    last_logits,
+    memory_bound_ms,
+    pass_ms,
+    weight_bytes,
+    weights_in,
+)
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
-from ..run.runtime import compile_settings, weight_bytes
+from ..run.runtime import compile_settings
 from .goals import runtime_goal_entries
-
-
-def memory_bound_ms(model: PreTrainedModel, repeats: int = 5) -> tuple[float, float]:
-    """(ms to read the model's weights once, GB/s): the fastest of `repeats` sums over a tensor of their size."""
-    nbytes = weight_bytes(model)
-    big = torch.ones(nbytes // 4)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        big.sum()
-        best = min(best, time.perf_counter() - start)
-    return 1000 * best, nbytes / best / 1e9
-
-
-@torch.inference_mode()
-def pass_ms(model: PreTrainedModel, prefix: torch.Tensor, widths: list[int], repeats: int) -> tuple[dict[int, float],
-                                                                                                   float]:
-    """(median ms of one cached forward of w tokens after prefix (1, L), each width; the fastest read of the
-    weights, memory_bound_ms's sum), timed in the same rounds: each round reads the weights once and runs one pass of
-    each width, so that the drift of a shared CPU falls on every width and on the bound alike."""
-    lm = CachedLM(model)
-    lm.forward(prefix, last_only=True)
-    length, big = lm.length, torch.ones(weight_bytes(model) // 4)
-    samples: dict[int, list[float]] = {w: [] for w in widths}
-    reads = []
-    for _ in range(repeats + 1):  # round 0: warm-up, dropped
-        start = time.perf_counter()
-        big.sum()
-        reads.append(time.perf_counter() - start)
-        for w in widths:
-            seconds: dict[str, float] = {}
-            with stopwatch(seconds, "pass", prefix.device):
-                lm.forward(pass_tokens(prefix, w))
-            lm.crop(length)
-            samples[w].append(1000 * seconds["pass"])
-    return {w: statistics.median(ms[1:]) for w, ms in samples.items()}, 1000 * min(reads[1:])
-
-
-def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.Tensor) -> dict:
-    """Compile the model's buckets twice: into an empty disk cache (cold), then from it (warm)."""
-    out = {}
-    for state in ("cold", "warm"):
-        torch._dynamo.reset()
-        runtime = compile_model(model, **compile_settings(profile))
-        lm = CachedLM(model)
-        lm.forward(prefix)
-        for w in runtime.widths:
-            lm.forward(prefix[:, :w])
-            lm.crop(prefix.shape[-1])
-        record = runtime.record
-        out[state] = {"seconds": record.total_seconds, "hits": record.cache_hits, "misses": record.cache_misses,
-                      "bypassed": record.cache_bypassed, "eager_reason": record.eager_reason}
-        if record.cache_bypassed or record.eager_reason:
-            break  # nothing on disk to be warm from: a later process compiles again
-    return out
-
-
-def largest_logit_difference(model: PreTrainedModel, prompts: list[torch.Tensor], eager: list[torch.Tensor]) -> float:
-    """Largest |compiled - eager| logit over the prompts' last positions, each prompt fed as a prefix and then its
-    last 4 tokens one pass at a time (widths 1, 2 and 1)."""
-    worst = 0.0
-    for ids, reference in zip(prompts, eager):
-        worst = max(worst, float((last_logits(model, ids) - reference).abs().max()))
-    return worst
-
-
-def last_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
-    lm = CachedLM(model)
-    lm.forward(ids[:, :-4])
-    return torch.cat([lm.forward(ids[:, -4:-3]), lm.forward(ids[:, -3:-1]), lm.forward(ids[:, -1:])], dim=1)
 
 
 def tokens_per_second(generate: Callable[[torch.Tensor], torch.Tensor], prompts: list[torch.Tensor]
@@ -182,14 +116,6 @@ def run_runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], study
     return result | {"keys": keys, "goals": runtime_goal_entries(keys)}
 
 
-def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
-    """The model itself if its weights are in `dtype`, else a copy in it (a float32 target read as bfloat16: half
-    the bytes of a step)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"runtime profile dtype {dtype!r}: choose one of {sorted(DTYPES)}")
-    return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
-
-
 def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: DictConfig, study: DictConfig,
                 eager_logits: list[torch.Tensor], *, n: int, eos: list[int]) -> tuple[dict, dict]:
     """One profile's figures (compile, logits against these weights' eager ones, pass costs, step against the
@@ -197,7 +123,7 @@ def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: Di
     prefix, widths = prompts[0], list(range(1, study.max_width + 1))
     entry: dict = {"settings": OmegaConf.to_container(profile), "dtype": str(model.dtype).removeprefix("torch.")}
     if profile.name == "compiled":
-        entry["compile"] = compile_seconds(model, profile, prefix)
+        entry["compile"] = compile_seconds(model, prefix, **compile_settings(profile))
         entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
     ms, bound_ms = pass_ms(model, prefix, widths, study.repeats)
     entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,

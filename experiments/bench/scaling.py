@@ -11,9 +11,10 @@ import torch
 from omegaconf import DictConfig
 
 from specdec.runtime.probes import forward_ms
+from specdec.runtime.study import ForwardClock
 
 from ..records import markdown_table
-from .schedule import ForwardClock
+from .schedule import clocked
 
 
 def run_scaling(
@@ -42,7 +43,7 @@ def run_scaling(
             "target_step_ms_at_end": forward_ms(target, context, 1, 5),
         }
         for name, run in runs.items():
-            measured = clock.measure(run, ids, n, seed)
+            measured = clocked(clock, run, ids, n, seed)
             r[f"{name}_ms_per_token"] = 1000 * measured.seconds / len(measured.tokens)
             outside = measured.seconds - sum(measured.model_seconds.values())  # the loop's own time, load-robust
             r[f"{name}_overhead_ms_per_token"] = 1000 * outside / len(measured.tokens)

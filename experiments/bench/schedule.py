@@ -1,9 +1,8 @@
 """How every benchmark runs its contenders: the interleaved schedule, the wall-time timer and the clock
-inside each model's forward. A Run is one contender on one input."""
+inside each model's forward (specdec.runtime.study.ForwardClock). A Run is one contender on one input."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import TypeVar
 import torch
 
 from specdec import Generation
-from specdec.runtime.compiled import CompiledForward, compiled_forward
+from specdec.runtime.study import ForwardClock
 from specdec.runtime.timing import stopwatch
 
 Item = TypeVar("Item")
@@ -59,65 +58,12 @@ def timed(fn: Callable[[torch.Tensor, int, int], Output], ids: torch.Tensor, n: 
     return Run(out.tokens.tolist(), wall["run"], out.stats)
 
 
-class ForwardClock:
-    """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
-
-    Wall time minus this is the loop's own overhead (sampling, acceptance, cache bookkeeping, Python).
-    A model on the compiled runtime runs its passes through CompiledForward, which calls the model's forward
-    without its hooks (a hook traced into a graph would stop it compiling): those calls are timed there instead.
-    """
-
-    def __init__(self, models: dict[str, torch.nn.Module | None]):
-        models = {name: m for name, m in models.items() if m is not None}
-        self.seconds = dict.fromkeys(models, 0.0)
-        self.calls = dict.fromkeys(models, 0)
-        self.handles = []
-        self.wrapped: list[tuple[CompiledForward, str, bool, Callable]] = []  # runtime, attribute, own, original
-        for name, model in models.items():
-            self.handles.append(model.register_forward_pre_hook(lambda *_: self._start()))
-            self.handles.append(model.register_forward_hook(lambda *_, n=name: self._stop(n)))
-            runtime = compiled_forward(model)
-            if runtime is not None:
-                self.time_runtime(name, runtime)
-
-    def time_runtime(self, name: str, runtime: CompiledForward) -> None:
-        """Time the runtime's compiled passes and its eager ones (passes wider than every bucket) as the model's."""
-        for attr in ("compiled", "run"):
-            inner = getattr(runtime, attr)
-
-            def timed(*args, inner=inner):
-                self._start()
-                out = inner(*args)
-                self._stop(name)
-                return out
-
-            self.wrapped.append((runtime, attr, attr in vars(runtime), inner))
-            setattr(runtime, attr, timed)
-
-    def _start(self) -> None:
-        self.started = time.perf_counter()
-
-    def _stop(self, name: str) -> None:
-        self.seconds[name] += time.perf_counter() - self.started
-        self.calls[name] += 1
-
-    def measure(self, fn, ids: torch.Tensor, n: int, seed: int) -> Run:
-        """timed, with the seconds and calls inside each model during the call."""
-        self.seconds = dict.fromkeys(self.seconds, 0.0)
-        self.calls = dict.fromkeys(self.calls, 0)
-        run = timed(fn, ids, n, seed)
-        run.model_seconds, run.model_calls = dict(self.seconds), dict(self.calls)
-        return run
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        for runtime, attr, own, inner in reversed(self.wrapped):
-            if own:
-                setattr(runtime, attr, inner)
-            else:
-                delattr(runtime, attr)
-        self.wrapped = []
+def clocked(clock: ForwardClock, fn, ids: torch.Tensor, n: int, seed: int) -> Run:
+    """timed, with the seconds and calls inside each model (the clock's) during the call."""
+    clock.reset()
+    run = timed(fn, ids, n, seed)
+    run.model_seconds, run.model_calls = dict(clock.seconds), dict(clock.calls)
+    return run
 
 
 def interleaved(

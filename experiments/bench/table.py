@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ..records import cell, machine_sentence, markdown_table
-from .failures import failed_section
-from .goals import AT_MOST, ISSUE_9
+from .goals import AT_MOST, ISSUE_9, NOT_MEASURED
 
 
 def load_plain_share(run: dict) -> float | None:
@@ -180,3 +179,14 @@ def costs_section(result: dict) -> list[str]:
     return ["", f"Costs at a {c['context_tokens']}-token context: target step {c['target_step_ms']:.1f} ms, "
             f"draft step {c['draft_step_ms']:.1f} ms (c = {c['c']:.3f}); target pass over k+1 tokens: "
             + ", ".join(f"k={kk}: {ms:.1f} ms" for kk, ms in c["target_verify_ms_by_k"].items())]  # fmt: skip
+
+
+def failed_section(result: dict) -> list[str]:
+    """bench.md's list of failed contenders: stage and error line."""
+    failed = result.get("failed") or {}
+    if not failed:
+        return []
+    rows = [[name, f["stage"], f["error"].replace("|", "\\|")[:300]] for name, f in failed.items()]
+    head = (f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them are "
+            f"{NOT_MEASURED}.")  # fmt: skip
+    return ["", head, "", markdown_table(["contender", "stage", "error"], rows)]

@@ -16,12 +16,9 @@ What this module adds around experiments.run.app.run_experiment:
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import hydra
@@ -29,12 +26,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from ..records import write_json
+from ..sweeps import expected_jobs, finished, mark_done, record_failure, start_afresh
 from .pair import Pairs
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, check_renamed
 
-DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder (experiments.sweeps reads them)
 PARALLEL = ("joblib", "submitit_local")  # launchers that run a sweep's jobs side by side on this machine
 KINDS = {"BasicLauncher": "basic", "JoblibLauncher": "joblib", "LocalLauncher": "submitit_local",
          "SlurmLauncher": "submitit_slurm"}  # launcher class -> kind, whatever config chose it (conf/hydra/launcher/)
@@ -44,26 +40,6 @@ def launcher_kind(settings: DictConfig) -> str:
     """basic, joblib, submitit_local or submitit_slurm: what runs the jobs, from the launcher config's _target_."""
     name = str(settings.get("_target_") or "BasicLauncher").rsplit(".", 1)[-1]
     return KINDS.get(name, name)
-
-
-def finished(run_dir: Path, overrides: list[str]) -> bool:
-    """True when the folder holds a done.json written by a job with these overrides."""
-    marker = run_dir / DONE
-    return marker.exists() and json.loads(marker.read_text()).get("overrides") == overrides
-
-
-def mark_done(run_dir: Path, overrides: list[str], seconds: float) -> None:
-    """done.json: written last, so its presence means the job's results are complete."""
-    write_json(run_dir / DONE, {"overrides": overrides, "seconds": round(seconds, 3), "host": platform.node()})
-
-
-def record_failure(run_dir: Path, overrides: list[str], error: BaseException, seconds: float) -> None:
-    """failed.json: the error's type and message, where it was raised and the traceback's last lines."""
-    lines = traceback.format_exception(type(error), error, error.__traceback__)
-    write_json(run_dir / FAILED, {
-        "overrides": overrides, "error": f"{type(error).__name__}: {error}".strip(), "seconds": round(seconds, 3),
-        "host": platform.node(), "traceback": "".join(lines).splitlines()[-12:],
-    })  # fmt: skip
 
 
 def cores() -> int:
@@ -97,8 +73,6 @@ def threads_per_job(threads: int | str | None, launcher: str, settings: DictConf
 
 def sweep_size(sweep_dir: Path) -> int:
     """The number of jobs of the sweep in sweep_dir (its multirun.yaml); 1 when it cannot be read."""
-    from ..sweeps import expected_jobs
-
     expected = expected_jobs(sweep_dir)
     return len(expected) if expected else 1
 
@@ -117,15 +91,6 @@ def prepare(cfg: DictConfig) -> dict:
             "sweep": str(hc.sweep.dir) if sweep else None, "job_num": hc.job.num if sweep else None,
             "jobs_in_sweep": jobs, "threads_setting": cfg.threads, "pid": os.getpid(),
             "wandb_group": cfg.logger.get("group"), "wandb_job_type": cfg.logger.get("job_type")}  # fmt: skip
-
-
-def start_afresh(run_dir: Path) -> None:
-    """A job run again in its folder (a re-launched sweep, skip_finished=false or unfinished) starts without the
-    earlier attempt's markers; its rows move to results.jsonl.replaced, as the run appends to results.jsonl."""
-    (run_dir / DONE).unlink(missing_ok=True)
-    (run_dir / FAILED).unlink(missing_ok=True)
-    if (run_dir / "results.jsonl").exists():
-        (run_dir / "results.jsonl").replace(run_dir / "results.jsonl.replaced")
 
 
 def run_job(cfg: DictConfig, pairs: Pairs) -> None:

@@ -55,25 +55,3 @@ def write_report(run_dir: Path, folder: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "head.md").write_text("\n".join(lines))
     plot_curve(curve, run_dir / "learning_curve.png")
-
-
-def export(folders: list[Path], path: Path) -> None:
-    """The record and learning curve of each head folder, keyed by its folder name, in one JSON file (what
-    docs/results/heads-training-*.json and notebook 04 read)."""
-    heads = {}
-    for folder in folders:
-        meta = json.loads((folder / store.META).read_text())
-        heads[folder.name] = {
-            "head": meta["settings"]["head"], "train": meta["settings"]["train"], "data": meta["settings"]["data"],
-            "teacher": meta["teacher"], "steps": meta["steps"], "training_seconds": meta["training_seconds"],
-            "training_chunks": meta["training_chunks"], "validation_chunks": meta["validation_chunks"],
-            "final": meta["final"], "machine": meta["machine"], "target": meta["target"],
-            "curve": json.loads((folder / "curve.json").read_text()),
-        }
-    path.write_text(json.dumps(heads, indent=1) + "\n")
-
-
-if __name__ == "__main__":  # python -m experiments.train_draft.report <out.json> <head folder>...
-    import sys
-
-    export([Path(f) for f in sys.argv[2:]], Path(sys.argv[1]))

@@ -9,7 +9,7 @@ specdec.runtime.packed), and reports ms, ms over the memory
 bound and GMAC/s. Where ms grows in proportion to M at a constant GMAC/s, the kernel's arithmetic, not the memory,
 sets the cost of a wider pass:
 
-    python -m experiments.bench.gemm --threads 2 --rows 1,2,4,5,8 --modes eager,autotune,packed --out gemm.json
+    python scripts/gemm_probe.py --threads 2 --rows 1,2,4,5,8 --modes eager,autotune,packed --out gemm.json
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from experiments.records import machine
 from specdec.runtime.inductor import allow_graphs, cpu_options, inductor_settings
 from specdec.runtime.packed import pack_linears
-
-from ..records import machine
-from .runtime import memory_bound_ms
+from specdec.runtime.study import memory_bound_ms
+from specdec.runtime.timing import interleaved_medians
 
 MODES = ("eager", "compiled", "autotune", "packed")
 
@@ -45,16 +43,9 @@ class Stack(torch.nn.Module):
 
 def interleaved_ms(f, inputs: list[torch.Tensor], repeats: int) -> list[float]:
     """Median ms of f on each input, timed in `repeats` interleaved rounds (so that the machine's drift hits every
-    input alike), after two untimed calls of each (a compile per shape, warm caches)."""
-    for x in inputs:
-        f(x), f(x)
-    times = [[] for _ in inputs]
-    for _ in range(repeats):
-        for x, spent in zip(inputs, times):
-            start = time.perf_counter()
-            f(x)
-            spent.append(time.perf_counter() - start)
-    return [1000 * statistics.median(spent) for spent in times]
+    input alike), after two untimed rounds (a compile per shape, warm caches)."""
+    medians = interleaved_medians({i: (lambda x=x: f(x)) for i, x in enumerate(inputs)}, repeats, warmup=2)
+    return [1000 * medians[i] for i in range(len(inputs))]
 
 
 def square_gmac_per_s(size: int = 1024, repeats: int = 5) -> float:
@@ -116,7 +107,7 @@ def table(result: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench.gemm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python scripts/gemm_probe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--rows", default="1,2,4,5,8", help="row counts M, comma-separated")
     p.add_argument("--shape", default="576x1536", help="K x N of every linear (default: SmolLM2-135M's up projection)")

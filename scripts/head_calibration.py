@@ -1,6 +1,6 @@
 """How well a trained head's confidence predicts its acceptance, on its own validation split (the answer positions):
 
-    python -m experiments.train_draft.calibration <out.json> <head folder>...
+    python scripts/head_calibration.py <out.json> <head folder>...
 
 For each head, per confidence bin (max_x q(x), bins of 0.1) the share of positions and their greedy match rate, and
 for each threshold t the share of positions at confidence >= t and their greedy match rate: at k = 1, what a chain
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import torch
 
+from experiments.records import markdown_table, write_json
+from experiments.train_draft import store
 from specdec.draft.head import load_head
 from specdec.runtime.models import load_model
 from specdec.train.head import CONFIDENCE_EDGES, Teacher, confidence_counts
-
-from ..records import markdown_table, write_json
-from . import store
 
 
 def validation_split(folder: Path, meta: dict) -> Teacher:
