@@ -44,7 +44,7 @@ from ..records import machine, write_result
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError, check_renamed
+from ..run.settings import CONF_DIR, ConfigError
 from .batch import batch_study
 from .checks import DEFAULT, check_bench, output_check
 from .failures import Failures, mark_not_measured, write_contender
@@ -120,7 +120,6 @@ def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str
     for name, delta in deltas.items():
         if only is not None and name not in only:
             continue
-        check_renamed(delta)
         job = compose("bench", overrides=[*base, *delta])
         method = method_of(job, name)
         setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)

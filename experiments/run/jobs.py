@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from ..records import write_json
 from .pair import Pairs
 from .schema import AUTO
-from .settings import CONF_DIR, ConfigError, check_renamed
+from .settings import CONF_DIR
 
 DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder (experiments.sweeps reads them)
 PARALLEL = ("joblib", "submitit_local")  # launchers that run a sweep's jobs side by side on this machine
@@ -158,15 +158,10 @@ def main() -> None:
     def job(cfg: DictConfig) -> None:
         try:
             run_job(cfg, pairs)
-        except ConfigError as e:
+        except ValueError as e:  # a ConfigError, or an input the library refuses (its message names the fix)
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 raise
             print(f"config error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    try:
-        check_renamed(sys.argv[1:])
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
     job()
