@@ -112,6 +112,16 @@ def test_pair_keys_reach_the_drafters(make_cfg) -> None:
     assert make_cfg("model.reads_target_cache=false").model.draft.candidates.bfloat16.reads_target_cache is False
 
 
+@pytest.mark.exhaustive  # a process of its own: `make test-all`
+def test_a_bad_choice_fails_the_run_in_a_message_not_a_traceback() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "method=fast", "logger=none"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "expected one of [speculative, naive, autoregressive, hf, all]" in out.stderr and "full_key: method" in out.stderr
+
+
 def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:
     """The schema (experiments/run/schema.py) fixes the keys: a typo (or a key of earlier versions) fails before
     validate runs."""
