@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from experiments.bench.app import selected
 from experiments.bench.contenders import check_bench as check_bench_keys
 from experiments.report import parser as report_parser
-from experiments.run.settings import check_renamed, validate
+from experiments.run.settings import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md"]
@@ -103,7 +103,6 @@ def run_overrides(args: list[str]) -> list[str]:
 
 
 def check_run(overrides: list[str]) -> None:
-    check_renamed(overrides)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=any(o.startswith("hydra.") for o in overrides))
     if str(cfg.device).startswith("cuda"):  # a hub pair: validate everything but the GPU itself
@@ -115,7 +114,6 @@ def check_run(overrides: list[str]) -> None:
 
 
 def check_bench(overrides: list[str]) -> None:
-    check_renamed(overrides)
     base = [o for o in overrides if not o.startswith("hydra.")]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("bench", overrides=base)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
-from ..run.settings import ConfigError, check_choice, check_int, check_renamed
+from ..run.settings import ConfigError, check_choice, check_int
 from .schedule import Output, output_of
 
 DEFAULT = "default"  # the default run's own configuration: always a contender
@@ -91,7 +91,6 @@ def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str
     for name, delta in deltas.items():
         if only is not None and name not in only:
             continue
-        check_renamed(delta)
         job = compose("bench", overrides=[*base, *delta])
         method = method_of(job, name)
         setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)

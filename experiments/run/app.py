@@ -226,9 +226,9 @@ def run_experiment(
     """Validate, load prompts and the pair, run every prompt, then summarize; returns the method table.
     pairs: the pair cache of a sweep (its jobs share a pair while the weights stay the same); launch: how the
     job was launched (experiments.run.jobs.prepare), recorded in environment.json."""
-    plan_of(cfg)  # a bad value fails before any dataset or model loads
+    plan = plan_of(cfg)  # a bad value fails before any dataset or model loads
     prompts = load_prompts(cfg.dataset)
-    setup = setup_of(cfg, pairs or Pairs())
+    setup = setup_of(cfg, pairs or Pairs(), plan)
     plan, pair, methods = setup.plan, setup.pair, setup.plan.methods
     if pair.target_quantization != "none":
         log.warning(

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from ..sweeps import expected_jobs, finished, mark_done, record_failure, start_afresh
 from .pair import Pairs
 from .schema import AUTO
-from .settings import CONF_DIR, ConfigError, check_renamed
+from .settings import CONF_DIR
 
 PARALLEL = ("joblib", "submitit_local")  # launchers that run a sweep's jobs side by side on this machine
 KINDS = {"BasicLauncher": "basic", "JoblibLauncher": "joblib", "LocalLauncher": "submitit_local",
@@ -123,15 +123,10 @@ def main() -> None:
     def job(cfg: DictConfig) -> None:
         try:
             run_job(cfg, pairs)
-        except ConfigError as e:
+        except ValueError as e:  # a ConfigError, or an input the library refuses (its message names the fix)
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 raise
             print(f"config error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    try:
-        check_renamed(sys.argv[1:])
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
     job()

@@ -103,9 +103,9 @@ def run_rule(plan: Plan, pair: Pair, drafter: Drafter) -> Rule | None:
                               rows=plan.batch_size, target=pair.target)  # fmt: skip
 
 
-def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
-    """Validate cfg, resolve its settings, and build (or reuse) its pair and drafter."""
-    plan = plan_of(cfg)
+def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
+    """Validate cfg, resolve its settings (or take them: plan), and build (or reuse) its pair and drafter."""
+    plan = plan or plan_of(cfg)
     if isinstance(plan.threads, int):  # auto: measured once the target is loaded (experiments.run.pair)
         torch.set_num_threads(plan.threads)
     pair = pairs.get(cfg, plan)

@@ -51,8 +51,8 @@ def hub_rows(ds: DictConfig) -> list[dict]:
 
 
 OPEN_ROWS: dict[DatasetSource, Callable[[DictConfig], list[dict]]] = {
-    DatasetSource.JSON: json_rows,
-    DatasetSource.HUB: hub_rows,
+    DatasetSource.json: json_rows,
+    DatasetSource.hub: hub_rows,
 }
 
 

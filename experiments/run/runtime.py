@@ -14,7 +14,6 @@ from specdec.draft.head_runtime import compile_head
 from specdec.runtime.compiled import (
     WINDOW,
     CompiledForward,
-    check_settings,
     compile_model,
     compiled_forward,
 )
@@ -22,35 +21,9 @@ from specdec.runtime.packed import PackedInt8Linear, row_cost
 from specdec.runtime.probes import ThreadChoice, build_graphs, choose_threads, time_buckets
 
 from .schema import AUTO
-from .settings import ConfigError, Plan, check_int
+from .settings import Plan, packed_rows
 
 log = logging.getLogger(__name__)
-
-
-def check_runtime(runtime: DictConfig) -> None:
-    """runtime.widths: a non-empty list of integers >= 1; widths and capacity as the compiled runtime takes them."""
-    widths = runtime.widths
-    if isinstance(widths, (str, int)) or not widths:
-        raise ConfigError(f"runtime.widths must be a non-empty list of pass widths >= 1, got {widths!r}")
-    for width in widths:
-        check_int(width, "runtime.widths", 1)
-    try:
-        check_settings(tuple(widths), runtime.capacity)
-    except ValueError as error:
-        raise ConfigError(f"runtime.{error}") from error
-    packed_rows(runtime)
-
-
-def packed_rows(runtime: DictConfig) -> tuple[int, int] | None:
-    """runtime.packed_rows: null, or [first, last] with 1 <= first <= last."""
-    rows = runtime.get("packed_rows")
-    if rows is None:
-        return None
-    if isinstance(rows, (str, int)) or len(rows) != 2:
-        raise ConfigError(f"runtime.packed_rows must be null or [first, last] pass rows, got {rows!r}")
-    check_int(rows[0], "runtime.packed_rows", 1)
-    check_int(rows[1], "runtime.packed_rows", rows[0])
-    return rows[0], rows[1]
 
 
 def compile_settings(runtime: DictConfig) -> dict:

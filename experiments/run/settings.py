@@ -1,14 +1,11 @@
-"""Check a composed config before any model loads, and resolve it once into typed run settings (`Plan`).
-
-What is allowed is declared once: experiments/run/schema.py for the run's own keys and groups, the drafters'
-and trees' constructors for their `_target_` nodes. Everything here is cheap: no model, tokenizer or
-dataset is touched, so a bad value fails in milliseconds with the accepted choices in the message.
-Renamed keys (RENAMED) are refused on the command line with the new key's name.
+"""What the schema (experiments/run/schema.py) cannot say, checked once per run before any model loads: integer
+bounds, keys that depend on each other, the hardware asked for, and the `_target_` nodes' arguments; then the run's
+settings resolved once into a typed `Plan`. Nothing here touches a model, tokenizer or dataset, so a bad value
+fails in milliseconds with a ConfigError naming the key and the fix.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -17,40 +14,25 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from specdec.runtime.compiled import check_settings
 from specdec.sampling import Sampling
 
 from ..records import REPO_ROOT
 from .heads import trained_candidates, with_target
-from .schema import AUTO, Method, RunConfig
+from .schema import AUTO, Method
 
 CONF_DIR = REPO_ROOT / "conf"  # the config tree at the repository's root
-BASELINE = Method.AUTOREGRESSIVE.value
-RENAMED = {  # a key that no longer exists -> what to write instead
-    "model.draft.kind": "model=<pair> (conf/model/); a pair's drafter is a _target_ node, model.draft (conf/draft/)",
-    "model.draft.fused_4bit": "model.fused_4bit",
-    "model.draft.reads_target_cache": "model.reads_target_cache",
-    "model.draft.quantization": "model.draft.model.quantization (or the quantization group: quantization=nf4)",
-    "model.draft.compute_dtype": "model.draft.model.compute_dtype",
-    "model.draft.n_layers": "model.draft.model.n_layers",
-    "model.draft.name": "model.draft_name",
-    "model.draft.gated": "model.target.gated",
-    "model.draft.candidates": "model.draft.candidates.<name> (a mapping of drafters; drop one with "
-    "~model.draft.candidates.<name>)",
-    "tree.kind": "tree=<option> (conf/tree/: none, ngram, model, hybrid)",
-    "tree.max_nodes": "max_nodes",
+BASELINE = Method.autoregressive.value
+AT_LEAST = {  # integer keys and their least value (null passes where the schema allows it; k and threads: auto)
+    "k": 1, "k_max": 1, "model.k": 1, "model.k_max": 1, "max_nodes": 1, "max_new_tokens": 1, "batch_size": 1,
+    "warmup_tokens": 1, "seed": 0, "threads": 1, "runtime.capacity": 16, "runtime.window": 0,
+    "dataset.n_per_category": 1, "dataset.n_prompts": 1, "hf.num_assistant_tokens": 1, "hf.prompt_lookup": 1,
 }
+NODES = ("model.draft.", "tree.", "verify.", "bench.")  # _target_ nodes: their `model: ???` is the run's to fill
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the accepted values."""
-
-
-def check_renamed(overrides: list[str]) -> None:
-    """Refuse a command-line override of a renamed key, naming the new one (before Hydra composes)."""
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key in RENAMED and not (key == "model.draft.candidates" and override.startswith("~")):
-            raise ConfigError(f"{key} was renamed: use {RENAMED[key]}")
 
 
 def check_choice(value: object, choices: tuple[str, ...], key: str) -> None:
@@ -66,35 +48,21 @@ def check_int(value: object, key: str, minimum: int, also: tuple[str, ...] = ())
         raise ConfigError(f"{key} must be an integer >= {minimum}{accepted}, got {value!r}")
 
 
-def check_node(node: DictConfig, schema: type, prefix: str = "") -> None:
-    """Every key of `node` against its field in the schema dataclass: set, one of its choices, in its bounds."""
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        if OmegaConf.is_missing(node, f.name):
-            raise ConfigError(f"{key} must be set")
-        value = node[f.name]
-        if dataclasses.is_dataclass(f.type):  # a nested group
-            check_node(value, f.type, f"{key}.")
-            continue
-        meta = f.metadata
-        if value is None and meta.get("optional"):
-            continue
-        if "choices" in meta:
-            check_choice(value, meta["choices"], key)
-        if "minimum" in meta:
-            minimum = meta["minimum"]
-            check_int(value, key, node[minimum] if isinstance(minimum, str) else minimum, meta["also"])
+def check_bounds(cfg: DictConfig) -> None:
+    """Every key set (`???` filled in) and every integer key in its bounds (AT_LEAST)."""
+    missing = [key for key in OmegaConf.missing_keys(cfg) if not key.startswith(NODES)]
+    if missing:
+        raise ConfigError(f"{missing[0]} must be set")
+    for key, minimum in AT_LEAST.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None:
+            check_int(value, key, minimum, (AUTO,) if key in ("k", "model.k", "threads") else ())
 
 
 def sampling_of(cfg: DictConfig) -> Sampling:
     """The library's Sampling from temperature, top_k, top_p (its own checks, re-raised as ConfigError)."""
     try:
-        temperature, top_p = float(cfg.temperature), float(cfg.top_p)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"temperature and top_p must be numbers, got {cfg.temperature!r}, {cfg.top_p!r}") from e
-    check_int(cfg.top_k, "top_k", 0)
-    try:
-        return Sampling(temperature=temperature, top_k=cfg.top_k, top_p=top_p)
+        return Sampling(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
@@ -118,9 +86,9 @@ def needs_draft_model(node: DictConfig) -> bool:
 def methods_of(cfg: DictConfig) -> list[str]:
     """Methods to run, baseline first; method=all runs speculative and naive (naive only with a draft model)."""
     method = Method(cfg.method)
-    if method is Method.ALL:
-        return [BASELINE, Method.SPECULATIVE.value] + ([Method.NAIVE.value] if has_draft_model(cfg) else [])
-    return [BASELINE] if method is Method.AUTOREGRESSIVE else [BASELINE, method.value]
+    if method is Method.all:
+        return [BASELINE, Method.speculative.value] + ([Method.naive.value] if has_draft_model(cfg) else [])
+    return [BASELINE] if method is Method.autoregressive else [BASELINE, method.value]
 
 
 def quantization_of(cfg: DictConfig, role: str) -> str:
@@ -133,7 +101,7 @@ def check_device(device: str) -> None:
     """cpu, cuda or cuda:N, and CUDA actually present when asked for."""
     if device == "cpu":
         return
-    if not re.fullmatch(r"cuda(:\d+)?", str(device)):
+    if not re.fullmatch(r"cuda(:\d+)?", device):
         raise ConfigError(f"device={device!r} is not supported; choices: cpu, cuda, cuda:N")
     if not torch.cuda.is_available():
         raise ConfigError(
@@ -143,6 +111,31 @@ def check_device(device: str) -> None:
     index = int(device.split(":")[1]) if ":" in device else 0
     if index >= torch.cuda.device_count():
         raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+
+def check_runtime(runtime: DictConfig) -> None:
+    """runtime.widths: a non-empty list of integers >= 1; widths and capacity as the compiled runtime takes them."""
+    if not runtime.widths:
+        raise ConfigError("runtime.widths must be a non-empty list of pass widths >= 1, got []")
+    for width in runtime.widths:
+        check_int(width, "runtime.widths", 1)
+    try:
+        check_settings(tuple(runtime.widths), runtime.capacity)
+    except ValueError as error:
+        raise ConfigError(f"runtime.{error}") from error
+    packed_rows(runtime)
+
+
+def packed_rows(runtime: DictConfig) -> tuple[int, int] | None:
+    """runtime.packed_rows: null, or [first, last] with 1 <= first <= last."""
+    rows = runtime.get("packed_rows")
+    if rows is None:
+        return None
+    if isinstance(rows, (str, int)) or len(rows) != 2:
+        raise ConfigError(f"runtime.packed_rows must be null or [first, last] pass rows, got {rows!r}")
+    check_int(rows[0], "runtime.packed_rows", 1)
+    check_int(rows[1], "runtime.packed_rows", rows[0])
+    return rows[0], rows[1]
 
 
 class ModelUsed(Exception):
@@ -228,24 +221,21 @@ def check_hf_k(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig) -> None:
     """Refuse every value that cannot work, before any model or dataset loads."""
     check_hf_k(cfg)
-    check_node(cfg, RunConfig)
+    check_bounds(cfg)
     sampling_of(cfg)
     check_drafters(cfg)
-    if cfg.method == Method.NAIVE and not has_draft_model(cfg):
+    if cfg.method == Method.naive and not has_draft_model(cfg):
         raise ConfigError(
             f"method=naive needs a draft model, but model={cfg.model.name} drafts with an n-gram lookup; "
             "use model=smollm2 (or another pair with a draft model), or method=speculative"
         )
-    if cfg.method == Method.HF and cfg.hf.assistant and not has_draft_model(cfg):
+    if cfg.method == Method.hf and cfg.hf.assistant and not has_draft_model(cfg):
         raise ConfigError(f"hf.assistant needs a draft model, but model={cfg.model.name} has none; use hf=lookup")
-    categories = cfg.dataset.categories
-    if categories is not None and (isinstance(categories, str) or len(categories) == 0):
-        raise ConfigError(f"dataset.categories must be a non-empty list or null, got {categories!r}")
-    check_device(str(cfg.device))
-    from .runtime import check_runtime  # that module imports this one
-
+    if cfg.dataset.categories is not None and not cfg.dataset.categories:
+        raise ConfigError("dataset.categories must be a non-empty list or null, got []")
+    check_device(cfg.device)
     check_runtime(cfg.runtime)
-    if cfg.batch_size > 1 and cfg.method == Method.HF and (cfg.hf.assistant or cfg.hf.prompt_lookup):
+    if cfg.batch_size > 1 and cfg.method == Method.hf and (cfg.hf.assistant or cfg.hf.prompt_lookup):
         raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
                           "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")
     if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
@@ -284,7 +274,8 @@ class Plan:
 
 
 def plan_of(cfg: DictConfig) -> Plan:
-    """Validate cfg and resolve the run's settings (the drafters stay config nodes until the pair builds them)."""
+    """Validate cfg and resolve the run's settings once per run (the drafters stay config nodes until the pair
+    builds them)."""
     validate(cfg)
     trees, auto = bool(cfg.tree), cfg.k == AUTO
     depth = cfg.tree.get("depth") if trees else None
