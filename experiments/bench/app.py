@@ -217,7 +217,7 @@ def bench(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     try:
         bench(cfg)
-    except ConfigError as e:
+    except ValueError as e:  # a ConfigError, or an input the library refuses (its message names the fix)
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
 
