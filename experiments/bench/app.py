@@ -42,7 +42,7 @@ from specdec.runtime.study import ForwardClock, pass_costs
 from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
-from ..run.settings import CONF_DIR, ConfigError
+from ..run.settings import CONF_DIR
 from .batch import batch_study
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
 from .figures import contender_figures
