@@ -90,7 +90,7 @@ def head_costs(target_name: str, folders: list[str], repeats: int = 10) -> dict[
     """c of each head (one draft token's ms over one target step's, timed interleaved with the target by the
     calibration's own timer) next to its vocabulary size and validation acceptance: the cost-against-alpha trade-off
     of the draft vocabulary."""
-    from specdec.choose.calibration import measure_timings
+    from specdec.auto.calibration import measure_timings
     from specdec.draft.head_drafter import load_head_drafter
     from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
 

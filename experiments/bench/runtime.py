@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.auto.runtime import weight_bytes
 from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, eager_model
 from specdec.runtime.models import DTYPES
@@ -42,7 +43,7 @@ from specdec.runtime.timing import stopwatch
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
-from ..run.runtime import compile_settings, weight_bytes
+from ..run.runtime import runtime_options
 from .goals import runtime_goal_entries
 
 
@@ -87,7 +88,7 @@ def compile_seconds(model: PreTrainedModel, profile: DictConfig, prefix: torch.T
     out = {}
     for state in ("cold", "warm"):
         torch._dynamo.reset()
-        runtime = compile_model(model, **compile_settings(profile))
+        runtime = compile_model(model, **runtime_options(profile).compile_settings())
         lm = CachedLM(model)
         lm.forward(prefix)
         for w in runtime.widths:

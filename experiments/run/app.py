@@ -26,11 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specdec import Stats
+from specdec.auto.runtime import compiled_runtimes
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 from specdec.runtime.models import encode_prompt
 
 from ..records import machine, peak_memory, strict_json, write_json
-from .choices import runtimes_of, write_choices, write_runtime
+from .choices import write_choices, write_runtime
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
@@ -266,7 +267,7 @@ def run_experiment(
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
-    write_runtime(run_dir, runtimes_of(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
+    write_runtime(run_dir, compiled_runtimes(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
     try:
         table = summarize(run_dir, plan, keys, prompts, logger) if done else None
     finally:
