@@ -89,27 +89,6 @@ def test_a_draft_head_reads_the_compiled_targets_features():
                                rtol=1e-4)
 
 
-def test_a_graph_compiles_under_the_benchs_forward_clock():
-    """The bench's clock hooks every model's forward; the compiled runtime calls forward without hooks (one traced
-    into the graph made the compile fail and the model run eager for good), and the clock times its passes."""
-    from experiments.bench.schedule import ForwardClock
-
-    target = compiled_tiny("llama")
-    runtime = compiled_forward(target)
-    clock = ForwardClock({"target": target})
-    ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
-    lm = CachedLM(target)
-    lm.forward(ids[:, :5])  # wider than every bucket: eager, through the runtime
-    lm.forward(ids[:, 5:6])  # compiled first here, under the clock
-    lm.forward(ids[:, 6:8])
-    assert runtime.record.eager_reason is None and {(1, 1), (1, 2)} <= set(runtime.record.seconds)
-    assert clock.calls == {"target": 3} and clock.seconds["target"] > 0
-    clock.remove()
-    assert "run" not in vars(runtime) and runtime.compiled.__name__ != "timed"
-    lm.forward(ids[:, 8:9])
-    assert clock.calls == {"target": 3}
-
-
 def test_a_pass_is_padded_to_its_bucket_and_the_padding_cropped():
     target = compiled_tiny("llama")
     lm = CachedLM(target)
@@ -293,30 +272,6 @@ def test_speculative_sampling_on_the_compiled_runtime_keeps_the_target_distribut
     eager_model(target), eager_model(draft)
     assert chi_square_pvalue(counts, sequence_distribution(target, prompt, n, sampling)) > PASS
     assert chi_square_pvalue(counts, sequence_distribution(draft, prompt, n, sampling)) < REJECT
-
-
-@pytest.mark.exhaustive  # compiles the toy pair's target and draft; the library checks above run in `make test`
-def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
-    """python -m experiments.run runtime=compiled runtime.drafts=true on the toy random pair: target and draft
-    compiled, greedy output still the target's, and runtime.md / .json say which graphs compiled in how long."""
-    import json
-
-    import pandas as pd
-
-    from experiments.run.app import run_experiment
-
-    run_experiment(make_cfg("model=tiny_random", "device=cpu", "dtype=float32", "dataset.n_prompts=2",
-                            "max_new_tokens=8", "warmup_tokens=2", "threads=1", "method=speculative", "k=3",
-                            "runtime=compiled", "runtime.drafts=true", "runtime.capacity=128", "logger=none"), tmp_path)
-    runtime = json.loads((tmp_path / "runtime.json").read_text())
-    assert set(runtime) == {"target", "draft"}
-    assert set(runtime["target"]["seconds"]) == {"1x1", "1x2", "1x4", "1x8"}  # every bucket (conf/runtime/compiled.yaml),
-    # built when the model loaded
-    assert set(runtime["target"]["pass_ms"]) == {"1", "2", "4", "8"}  # and timed, so a pass pads to the cheapest
-    assert runtime["target"]["eager_reason"] is None
-    assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
-    rows = pd.read_json(tmp_path / "results.jsonl", lines=True)
-    assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()
 
 
 def test_one_graph_serves_every_cache_and_sequence_length(monkeypatch):

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from specdec.choose.calibration import Calibration
-from specdec.draft.switch import DraftSwitch
-from specdec.runtime.compiled import CompiledForward, compiled_forward
+from specdec.auto.calibration import Calibration
+from specdec.runtime.compiled import CompiledForward
 from specdec.runtime.probes import ThreadChoice
 
 from ..records import cell, markdown_table, write_json
