@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
 from specdec.auto.setup import Prepared, prepare_decoding
 from specdec.auto.threads import use_threads
+from specdec.hf import HFOptions, hf_generate
 
-from .hf import hf_generate, hf_generate_batch
 from .pair import Pair, Pairs, tree_drafter
 from .runtime import placement
 from .schema import AUTO
@@ -28,7 +28,7 @@ class Setup:
     plan: Plan
     pair: Pair
     prepared: Prepared
-    hf: DictConfig
+    hf: HFOptions
 
     drafter = property(lambda self: self.prepared.drafter)  # the speculative drafter: the pair's, or cfg.tree's
     batch_drafter = property(lambda self: self.prepared.batch_drafter)  # the one decoding runs with
@@ -54,8 +54,9 @@ class Setup:
         if method == "speculative":
             return self.speculative(prompts, common)
         if method == "hf":
-            return (hf_generate_batch if batch else hf_generate)(pair, ids, self.hf, plan.sampling, max_new_tokens,
-                                                                 seed, eos)  # fmt: skip
+            return hf_generate(pair.target, ids, sampling=plan.sampling, max_new_tokens=max_new_tokens, seed=seed,
+                               eos_token_id=eos, options=self.hf, draft=pair.draft_model, tokenizer=pair.tokenizer,
+                               draft_tokenizer=pair.draft_tokenizer)  # fmt: skip
         return draft_then_score(pair.target, pair.draft_model, prompts, draft_tokenizer=pair.draft_tokenizer,
                                 target_tokenizer=pair.tokenizer, **common)  # fmt: skip
 
@@ -87,4 +88,4 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ConfigError(f"batch_size={plan.batch_size}: {e}" if plan.batch_size > 1 else str(e)) from e
-    return Setup(plan, pair, prepared, cfg.hf)
+    return Setup(plan, pair, prepared, HFOptions(**cfg.hf))
