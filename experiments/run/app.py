@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from specdec import Stats
 from specdec.auto.runtime import compiled_runtimes
+from specdec.metrics import mean
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 from specdec.runtime.models import encode_prompt
 
@@ -37,7 +38,6 @@ from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
-from .rounds import mean
 from .settings import Plan, plan_of
 from .summary import method_table, naive_sentence, run_metrics, write_summary
 

@@ -10,9 +10,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from specdec import Generation, autoregressive_generate, draft_then_score, speculative_generate, tree_generate
-from specdec.auto.setup import Prepared, prepare_decoding
+from specdec.auto.setup import Prepared, prepare_decoding, tree_form
 from specdec.auto.threads import use_threads
 from specdec.hf import HFOptions, hf_generate
+from specdec.verify.base import AcceptanceRule
 
 from .pair import Pair, Pairs, tree_drafter
 from .runtime import placement
@@ -82,10 +83,16 @@ def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
     try:  # refuses what cannot draft for a batch, before any prompt runs
         prepared = prepare_decoding(
             pair.target, pair.draft_side.drafts, k=None if plan.k == AUTO else plan.k, k_max=plan.k_max,
-            sampling=plan.sampling, acceptance=instantiate(cfg.verify), tree=tree, max_nodes=plan.max_nodes,
+            sampling=plan.sampling, acceptance=acceptance_of(cfg, plan), tree=tree, max_nodes=plan.max_nodes,
             batch_size=plan.batch_size, threads=pair.threads, speculative="speculative" in plan.methods,
             **placement(cfg),
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ConfigError(f"batch_size={plan.batch_size}: {e}" if plan.batch_size > 1 else str(e)) from e
     return Setup(plan, pair, prepared, HFOptions(**cfg.hf))
+
+
+def acceptance_of(cfg: DictConfig, plan: Plan) -> AcceptanceRule:
+    """The acceptance rule of cfg.verify; with a tree, a chain's rule in its tree form (specdec.auto.setup.tree_form)."""
+    acceptance = instantiate(cfg.verify)
+    return tree_form(acceptance) if plan.trees else acceptance

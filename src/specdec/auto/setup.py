@@ -5,7 +5,7 @@ report of what it measured and chose, and why.
                        k=None, threads="auto", runtime=RuntimeOptions(name="auto"), max_new_tokens=128)
     speculative_generate(target, prepared.batch_drafter, ids, k=prepared.rule, acceptance=prepared.acceptance, ...)
 
-In three steps, which a caller that keeps loaded models between runs (experiments.run.pair.Pairs) takes one by one:
+In three steps, which a caller that keeps loaded models between runs (an app's jobs of a sweep) takes one by one:
 prepare_target (the thread count, then the target's runtime: compiled graphs hold for the count they were built at),
 prepare_drafts (the drafters' runtime; candidates calibrated, the best kept behind a DraftSwitch) and prepare_decoding
 (a tree drafter, the acceptance rule in its tree form, and k=auto's one rule for the run).
