@@ -1,5 +1,6 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
+from .auto import Prepared, RuntimeOptions, prepare
 from .autoregressive import autoregressive_generate
 from .choose.cost import CostModel, FixedDraftLength
 from .choose.online import OnlineDraftChoice
@@ -14,6 +15,7 @@ from .draft.proposal import Draft
 from .draft.switch import DraftSwitch
 from .draft.tree import TreeDraft
 from .draft.trees import ChainTreeDrafter, HybridTreeDrafter, ModelTreeDrafter, NGramTreeDrafter
+from .hf import HFOptions, hf_generate
 from .metrics import Generation, Stats
 from .naive import batched_draft_then_score, draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
@@ -39,6 +41,7 @@ __all__ = [
     "Drafter",
     "FixedDraftLength",
     "Generation",
+    "HFOptions",
     "HybridTreeDrafter",
     "ModelDrafter",
     "ModelTreeDrafter",
@@ -46,6 +49,8 @@ __all__ = [
     "NGramTreeDrafter",
     "OnlineDraftChoice",
     "OnlineThreadChoice",
+    "Prepared",
+    "RuntimeOptions",
     "Sampling",
     "Stats",
     "StringDrafter",
@@ -62,7 +67,9 @@ __all__ = [
     "draft_then_score",
     "expected_tokens",
     "expected_tokens_per_pass",
+    "hf_generate",
     "optimal_k",
+    "prepare",
     "probabilities",
     "speculative_generate",
     "tree_generate",
