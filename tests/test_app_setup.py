@@ -1,6 +1,6 @@
 """The apps' side of the setup: the config mapped to the library's options (specdec.auto), the candidates a pair
-builds, what a run writes about the choices (threads.md, calibration.md, runtime.md) and the bench's clock on the
-compiled runtime. The choices themselves are the library's: tests/test_calibration.py, test_runtime_auto.py."""
+builds, what a run writes about the choices (threads.md, calibration.md, runtime.md). The choices themselves are the
+library's: tests/test_calibration.py, test_runtime_auto.py."""
 
 import json
 import logging
@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fakes import GREEDY_PROMPT
 
 from experiments.run.choices import calibration_markdown, runtime_markdown, threads_markdown
 from experiments.run.heads import say_left_out, trained_candidates
@@ -155,33 +154,8 @@ def test_without_avx512_a_packed_int8_candidate_is_left_out(monkeypatch, caplog)
     assert list(loaded_candidates(candidates)) == ["ngram"]
 
 
+@pytest.mark.exhaustive  # compiles the toy pair's target and draft; the library's checks run in `make test`
 @pytest.mark.xdist_group("inductor")
-def test_a_graph_compiles_under_the_benchs_forward_clock():
-    """The bench's clock hooks every model's forward; the compiled runtime calls forward without hooks (one traced
-    into the graph made the compile fail and the model run eager for good), and the clock times its passes."""
-    from experiments.bench.schedule import ForwardClock
-    from specdec.runtime.cached import CachedLM
-    from specdec.runtime.compiled import compiled_forward
-
-    target = tiny_model("llama", seed=0, scale=20.0)
-    compile_model(target, widths=(1, 2, 4), capacity=64, autotune=False)
-    runtime = compiled_forward(target)
-    clock = ForwardClock({"target": target})
-    ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
-    lm = CachedLM(target)
-    lm.forward(ids[:, :5])  # wider than every bucket: eager, through the runtime
-    lm.forward(ids[:, 5:6])  # compiled first here, under the clock
-    lm.forward(ids[:, 6:8])
-    assert runtime.record.eager_reason is None and {(1, 1), (1, 2)} <= set(runtime.record.seconds)
-    assert clock.calls == {"target": 3} and clock.seconds["target"] > 0
-    clock.remove()
-    assert "run" not in vars(runtime) and runtime.compiled.__name__ != "timed"
-    lm.forward(ids[:, 8:9])
-    assert clock.calls == {"target": 3}
-
-
-@pytest.mark.exhaustive
-@pytest.mark.xdist_group("inductor")  # compiles the toy pair's target and draft; the library checks above run in `make test`
 def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
     """python -m experiments.run runtime=compiled runtime.drafts=true on the toy random pair: target and draft
     compiled, greedy output still the target's, and runtime.md / .json say which graphs compiled in how long."""

@@ -89,6 +89,27 @@ def test_a_draft_head_reads_the_compiled_targets_features():
                                rtol=1e-4)
 
 
+def test_a_graph_compiles_under_the_benchs_forward_clock():
+    """The bench's clock hooks every model's forward; the compiled runtime calls forward without hooks (one traced
+    into the graph made the compile fail and the model run eager for good), and the clock times its passes."""
+    from experiments.bench.schedule import ForwardClock
+
+    target = compiled_tiny("llama")
+    runtime = compiled_forward(target)
+    clock = ForwardClock({"target": target})
+    ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
+    lm = CachedLM(target)
+    lm.forward(ids[:, :5])  # wider than every bucket: eager, through the runtime
+    lm.forward(ids[:, 5:6])  # compiled first here, under the clock
+    lm.forward(ids[:, 6:8])
+    assert runtime.record.eager_reason is None and {(1, 1), (1, 2)} <= set(runtime.record.seconds)
+    assert clock.calls == {"target": 3} and clock.seconds["target"] > 0
+    clock.remove()
+    assert "run" not in vars(runtime) and runtime.compiled.__name__ != "timed"
+    lm.forward(ids[:, 8:9])
+    assert clock.calls == {"target": 3}
+
+
 def test_a_pass_is_padded_to_its_bucket_and_the_padding_cropped():
     target = compiled_tiny("llama")
     lm = CachedLM(target)

@@ -72,10 +72,11 @@ class Setup:
                                     phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
 
 
-def setup_of(cfg: DictConfig, pairs: Pairs) -> Setup:
-    """Validate cfg, resolve its settings, build (or reuse) its pair, and let the library prepare decoding
-    (specdec.auto.setup.prepare_decoding: the tree drafter on its runtime, the acceptance rule, k=auto's rule)."""
-    plan = plan_of(cfg)
+def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
+    """Validate cfg, resolve its settings (or take them: plan), build (or reuse) its pair, and let the library prepare
+    decoding (specdec.auto.setup.prepare_decoding: the tree drafter on its runtime, the acceptance rule, k=auto's
+    rule)."""
+    plan = plan or plan_of(cfg)
     if isinstance(plan.threads, int):  # auto: measured once the target is loaded (experiments.run.pair)
         use_threads(plan.threads)
     pair = pairs.get(cfg, plan)
