@@ -4,7 +4,7 @@ cost-against-alpha trade-off of the draft vocabulary.
     python scripts/head_costs.py <out.json> <target> <head folder>...
 
 c of each head is one draft token's ms over one target step's, timed interleaved with the target by the
-calibration's own timer (specdec.choose.calibration.measure_timings), on one torch thread.
+calibration's own timer (specdec.auto.calibration.measure_timings), on one torch thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from experiments.bench.ratios import training_record
 from experiments.records import machine, write_json
-from specdec.choose.calibration import measure_timings
+from specdec.auto.calibration import measure_timings
 from specdec.draft.head_drafter import load_head_drafter
 from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
 

@@ -1,6 +1,5 @@
 """Draft calibration: the choice follows the predicted speedup of injected timings; slow drafts are named."""
 
-import json
 import logging
 import math
 from dataclasses import replace
@@ -8,18 +7,25 @@ from dataclasses import replace
 import pytest
 import torch
 
-from experiments.run.choices import calibration_markdown, threads_markdown
-from experiments.run.heads import say_left_out, trained_candidates
-from experiments.run.runtime import choose_threads_for
-from experiments.run.settings import ConfigError, plan_of, validate
-from specdec import speculative_generate
-from specdec.choose.calibration import (
+from specdec import (
+    GREEDY,
+    DraftSwitch,
+    NGramTreeDrafter,
+    OnlineDraftChoice,
+    TokenLevel,
+    TreeRules,
+    autoregressive_generate,
+    speculative_generate,
+)
+from specdec.auto.calibration import (
     Timings,
     alpha_from_tokens_per_pass,
     calibrate,
     measure_alpha,
     measure_timings,
 )
+from specdec.auto.setup import online_rule, prepare, run_rule
+from specdec.auto.threads import use_threads
 from specdec.choose.cost import CostModel
 from specdec.draft.model import ModelDrafter
 from specdec.draft.ngram import NGramDrafter
@@ -100,8 +106,6 @@ def test_non_fused_nf4_slower_than_the_target_is_not_chosen(target):
     assert "Slower than the target (c > 1): nf4; speculative decoding cannot gain with that draft" in cal.reason
     assert "Not probed" in cal.reason
     assert all(0.0 <= r.alpha <= 1.0 for r in cal.results if r.name != "nf4")
-    table = calibration_markdown(cal)
-    assert "| nf4 | 250.0 | 2.50 | - |" in table and "Chosen draft: " in table
 
 
 def test_every_candidate_slower_than_the_target_is_reported(target):
@@ -124,60 +128,9 @@ def test_k_none_uses_each_candidates_best_k(target):
     )
 
 
-def test_bad_candidates_fail_in_the_config_before_loading(make_cfg):
-    with pytest.raises(ConfigError, match=r"model.draft.candidates.nf4 \(specdec.ModelDrafter\).*unexpected"):
-        validate(make_cfg("+model.draft.candidates.nf4.speed=2"))
-    with pytest.raises(ConfigError, match="model.draft.candidates.extra must name a drafter class"):
-        validate(make_cfg("+model.draft.candidates.extra=7"))
+def test_no_candidate_is_refused():
     with pytest.raises(ValueError, match="at least one candidate"):
         calibrate(tiny_model("llama"), {}, PROMPT)
-
-
-def test_default_pair_is_calibrated(make_cfg, monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # no head trained here
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # the packed kernel runs
-    cfg = make_cfg()
-    assert cfg.model.name == "smollm2"
-    assert list(cfg.model.draft.candidates) == ["nf4", "int8", "dynamic_int8", "packed_int8", "bfloat16", "ngram",
-                                                "head"]
-    assert list(trained_candidates(cfg.model.draft.candidates)) == ["nf4", "int8", "dynamic_int8", "packed_int8",
-                                                                    "bfloat16", "ngram"]
-    with caplog.at_level(logging.INFO, logger="experiments.run.heads"):
-        validate(cfg)  # validation leaves the untrained head out quietly: the pair names it once, when it loads
-        assert not caplog.records
-        say_left_out(cfg.model.draft.candidates, trained_candidates(cfg.model.draft.candidates))
-    assert [r.getMessage() for r in caplog.records] == [
-        "candidate head left out: no draft head is trained for this target (make train-draft)"]
-    smaller = make_cfg("~model.draft.candidates.nf4", "~model.draft.candidates.int8")
-    validate(smaller)
-    assert list(smaller.model.draft.candidates) == ["dynamic_int8", "packed_int8", "bfloat16", "ngram", "head"]
-
-
-def test_nf4_candidate_can_be_forced_onto_the_non_fused_path(tmp_path, make_cfg):
-    """model.fused_4bit=false: the nf4 candidate never uses bitsandbytes' fused CPU kernel."""
-    pytest.importorskip("bitsandbytes")
-    from bitsandbytes.nn import Linear4bit
-    from hydra.utils import instantiate
-
-    tiny = tiny_model("llama", seed=0, scale=20.0, vocab_size=32, hidden_size=64, intermediate_size=128)
-    tiny.save_pretrained(tmp_path)
-    cfg = make_cfg("model.fused_4bit=false", f"model.target.name={tmp_path}")
-    drafter = instantiate(cfg.model.draft.candidates.nf4)
-    layers = [m for m in drafter.model.modules() if isinstance(m, Linear4bit)]
-    assert layers and not any(m.support_avx512bf16_for_cpu for m in layers)
-
-
-@pytest.mark.parametrize("reads", [True, False])
-def test_model_candidates_read_the_target_cache_unless_told_not_to(reads, make_cfg):
-    """model.reads_target_cache reaches every model candidate; the n-gram candidate has no cache."""
-    from hydra.utils import instantiate
-
-    cfg = make_cfg(f"model.reads_target_cache={str(reads).lower()}")
-    for name, node in cfg.model.draft.candidates.items():
-        if "model" in node:
-            assert node.reads_target_cache is reads, name
-    assert "reads_target_cache" not in cfg.model.draft.candidates.ngram
-    assert not hasattr(instantiate(cfg.model.draft.candidates.ngram), "reads_target_cache")
 
 
 def test_choose_threads_times_every_count_and_leaves_the_count_as_it_was():
@@ -187,7 +140,7 @@ def test_choose_threads_times_every_count_and_leaves_the_count_as_it_was():
         choice = choose_threads(tiny, torch.tensor([[1, 2, 3, 4, 5, 6]]), [1, 2], width=3, repeats=2)
         assert set(choice.probe_ms) == {1, 2} and all(ms > 0 for ms in choice.probe_ms.values())
         assert choice.threads == min([1, 2], key=lambda n: (choice.probe_ms[n], n))
-        assert torch.get_num_threads() == previous  # the library measures; only experiments/ sets the count
+        assert torch.get_num_threads() == previous  # it measures; specdec.auto.threads sets the count
         assert (choice.width, choice.prompt_tokens) == (3, 6)
     finally:
         torch.set_num_threads(previous)
@@ -196,15 +149,18 @@ def test_choose_threads_times_every_count_and_leaves_the_count_as_it_was():
             choose_threads(tiny, torch.tensor([[1, 2]]), bad)
 
 
-def test_threads_auto_is_a_setting_measured_only_on_the_cpu(make_cfg):
-    validate(make_cfg("threads=auto"))
-    with pytest.raises(ConfigError, match="threads"):
-        validate(make_cfg("threads=many"))
+def test_threads_auto_is_measured_only_on_the_cpu_and_a_count_is_set_as_given(caplog):
     tiny = tiny_model("llama", seed=0)
-    assert choose_threads_for(plan_of(make_cfg("threads=1")), tiny, None) is None  # no measurement, no tokenizer
-    assert choose_threads_for(replace(plan_of(make_cfg("threads=auto")), device="cuda"), tiny, None) is None
-    line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5, 17))
-    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line and "17-token prompt" in line
+    previous = torch.get_num_threads()
+    try:
+        assert use_threads(1, tiny) is None and torch.get_num_threads() == 1  # no measurement, no prompt
+        assert use_threads("auto", tiny, None, device="cuda") is None
+        with caplog.at_level(logging.INFO, logger="specdec.auto.report"):
+            choice = use_threads("auto", tiny, PROMPT, k=3)
+        assert torch.get_num_threads() == choice.threads and choice.width == 4 and choice.prompt_tokens == 8
+        assert f"threads=auto: {choice.threads} torch threads" in caplog.text
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():
@@ -218,23 +174,6 @@ def test_a_draft_models_alpha_is_not_pulled_down_by_the_last_short_rounds():
     assert alpha_from_tokens_per_pass(per_pass, 4) < 0.95
 
 
-def test_the_summary_carries_the_thread_choice(tmp_path):
-    """threads=auto: threads.md joins summary.md and threads.json joins summary.json (write_choices writes both)."""
-    import pandas as pd
-
-    from experiments.records import machine, write_json
-    from experiments.run.choices import write_choices
-    from experiments.run.summary import write_summary
-
-    write_json(tmp_path / "environment.json", machine())
-    write_choices(tmp_path, ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), None)
-    text = write_summary(tmp_path, {"k": 4}, pd.DataFrame(), {}, {}, "", 0)
-    assert "threads=auto chose 2" in text and not (tmp_path / "calibration.md").exists()
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["threads"] == {"threads": 2, "probe_ms": {"1": 3.0, "2": 2.0}, "width": 5, "prompt_tokens": 7}
-    assert "calibration" not in summary
-
-
 def test_unsteady_timings_are_said(target):
     """Repeats that differ by more than half their median (a burst of load) make the reason say the choice is weak."""
     drafters = {"int8": ModelDrafter(target)}
@@ -245,61 +184,68 @@ def test_unsteady_timings_are_said(target):
     assert measured.spread >= 0 and measured.unsteady == (measured.spread > 0.5)
 
 
-def test_the_default_run_chooses_draft_and_threads_online_from_the_calibration(target, make_cfg):
+def test_k_auto_chooses_draft_and_threads_online_from_the_calibration(target):
     """k=auto over a calibrated pair's kept candidates: one rule for the run, seeded with the calibration (its
     alphas as priors, its timings as first samples); with two thread counts probed, one rule per count. Prompt
     lookup's acceptance depends on the prompt, not the pair: it keeps the cost model's optimistic prior."""
-    from types import SimpleNamespace
-
-    from experiments.run.methods import online_rule
-    from specdec import DraftSwitch, OnlineDraftChoice, OnlineThreadChoice
+    from specdec import OnlineThreadChoice
 
     drafters = {"int8": ModelDrafter(target), "ngram": NGramDrafter()}
     cal = calibrate(target, drafters, PROMPT, k=None, timings=timings(int8=30.0, ngram=1.0),
                     alphas={"int8": 0.8, "ngram": 0.3})  # fmt: skip
     switch = DraftSwitch(drafters, default=cal.chosen)
-    pair = SimpleNamespace(target=target, drafter=switch, calibration=cal,
-                           threads=ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17))
-    rule = online_rule(plan_of(make_cfg()), pair)
+    threads = ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17)
+    rule = online_rule(switch, cal, threads, k_max=8, target=target)
     assert isinstance(rule, OnlineThreadChoice) and set(rule.rules) == {1, 2}
     assert rule.rules[2].ready and not rule.rules[1].ready  # the count the calibration ran at starts measured
     assert rule.rules[2].models["int8"].prior == 0.8 and rule.rules[1].models["int8"].prior == 0.8
     assert rule.rules[2].models["ngram"].prior == CostModel(4, "per_call").prior > 0.3
     assert rule.rules[2].models["int8"].draft_seconds(1) == pytest.approx(0.030)
-    single = online_rule(plan_of(make_cfg("threads=1")),
-                         SimpleNamespace(target=target, drafter=switch, calibration=cal, threads=None))
+    single = online_rule(switch, cal, None, k_max=8, target=target)
     assert isinstance(single, OnlineDraftChoice) and single.switch is switch
-    assert single.k_max == plan_of(make_cfg()).k_max  # an eager target: no bound from compiled graphs
-    assert online_rule(plan_of(make_cfg("k=4")), pair) is None  # a fixed k drafts with the calibrated default
+    assert single.k_max == 8  # an eager target: no bound from compiled graphs
+    assert run_rule(target, switch, k=4, calibration=cal, threads=threads) is None  # a fixed k: the calibrated default
+    assert isinstance(run_rule(target, switch, k=None, calibration=cal, threads=threads), OnlineThreadChoice)
     assert switch.selected == cal.chosen
 
 
-def test_a_compiled_target_keeps_its_thread_count(target, make_cfg, monkeypatch):
+def test_a_compiled_target_keeps_its_thread_count(target, monkeypatch):
     """A compiled target's graphs hold for the thread count they were built at: k=auto chooses the draft and k
     online, not the count (a round at another count would compile every graph again, 12-25 s each)."""
     from types import SimpleNamespace
 
-    from experiments.run.methods import online_rule
-    from specdec import DraftSwitch, OnlineDraftChoice
     from specdec.runtime.compiled import RUNTIMES
 
     drafters = {"int8": ModelDrafter(target), "ngram": NGramDrafter()}
     cal = calibrate(target, drafters, PROMPT, k=None, timings=timings(int8=30.0, ngram=1.0),
                     alphas={"int8": 0.8, "ngram": 0.3})  # fmt: skip
-    pair = SimpleNamespace(target=target, drafter=DraftSwitch(drafters, default=cal.chosen), calibration=cal,
-                           threads=ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17))
+    switch, threads = DraftSwitch(drafters, default=cal.chosen), ThreadChoice(2, {1: 300.0, 2: 250.0}, 5, 17)
     monkeypatch.setitem(RUNTIMES, target, SimpleNamespace(eager=False, widths=(1, 2, 4)))  # as compile_model leaves it
-    rule = online_rule(plan_of(make_cfg()), pair)
+    rule = online_rule(switch, cal, threads, k_max=8, target=target)
     assert isinstance(rule, OnlineDraftChoice) and rule.k_max == 3
 
 
 def test_timings_time_a_lookup_candidate_through_the_drafter_protocol():
     """A lookup candidate is timed by its own propose call (one row), next to a draft model's step."""
-    from specdec import ModelDrafter, NGramDrafter
-    from specdec.choose.calibration import measure_timings
-    from specdec.runtime.tiny import tiny_model
-
     target = tiny_model("llama", seed=0)
     timings = measure_timings(target, {"copy": ModelDrafter(target), "ngram": NGramDrafter()}, PROMPT, k_max=4,
                               repeats=1)  # fmt: skip
     assert set(timings.draft_ms) == {"copy", "ngram"} and all(ms > 0 for ms in timings.draft_ms.values())
+
+
+def test_prepare_keeps_the_calibrated_candidates_and_says_why(target):
+    """One call from a target and its candidates to what decode needs: the candidates calibrated on the prompt and
+    kept behind a DraftSwitch, k=auto's online rule seeded with the calibration, the acceptance rule for the
+    temperature (its tree form for a tree drafter), and a report of what was measured and chosen."""
+    copy = tiny_model("llama", seed=1, scale=20.0, vocab_size=32)
+    candidates = {"copy": ModelDrafter(copy), "ngram": NGramDrafter()}
+    prepared = prepare(target, candidates, PROMPT, k=None, max_new_tokens=8)
+    assert isinstance(prepared.drafter, DraftSwitch) and set(prepared.drafter.candidates) == {"copy", "ngram"}
+    assert isinstance(prepared.rule, OnlineDraftChoice) and isinstance(prepared.acceptance, TokenLevel)
+    assert prepared.drafts.model is copy and prepared.threads is None
+    assert prepared.report.lines == [f"calibration: {prepared.drafts.calibration.reason}"]
+    out = speculative_generate(target, prepared.batch_drafter, PROMPT, k=prepared.rule, sampling=GREEDY,
+                               max_new_tokens=8, acceptance=prepared.acceptance)
+    assert torch.equal(out.tokens, autoregressive_generate(target, PROMPT, sampling=GREEDY, max_new_tokens=8).tokens)
+    tree = prepare(target, NGramDrafter(), PROMPT, k=2, tree=NGramTreeDrafter(), batch_size=2)
+    assert isinstance(tree.acceptance, TreeRules) and tree.rule is None and tree.drafts.calibration is None

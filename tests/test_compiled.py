@@ -296,30 +296,6 @@ def test_speculative_sampling_on_the_compiled_runtime_keeps_the_target_distribut
     assert chi_square_pvalue(counts, sequence_distribution(draft, prompt, n, sampling)) < REJECT
 
 
-@pytest.mark.exhaustive  # compiles the toy pair's target and draft; the library checks above run in `make test`
-def test_a_run_on_the_compiled_runtime_reports_its_compile(tmp_path, make_cfg):
-    """python -m experiments.run runtime=compiled runtime.drafts=true on the toy random pair: target and draft
-    compiled, greedy output still the target's, and runtime.md / .json say which graphs compiled in how long."""
-    import json
-
-    import pandas as pd
-
-    from experiments.run.app import run_experiment
-
-    run_experiment(make_cfg("model=tiny_random", "device=cpu", "dtype=float32", "dataset.n_prompts=2",
-                            "max_new_tokens=8", "warmup_tokens=2", "threads=1", "method=speculative", "k=3",
-                            "runtime=compiled", "runtime.drafts=true", "runtime.capacity=128", "logger=none"), tmp_path)
-    runtime = json.loads((tmp_path / "runtime.json").read_text())
-    assert set(runtime) == {"target", "draft"}
-    assert set(runtime["target"]["seconds"]) == {"1x1", "1x2", "1x4", "1x8"}  # every bucket (conf/runtime/compiled.yaml),
-    # built when the model loaded
-    assert set(runtime["target"]["pass_ms"]) == {"1", "2", "4", "8"}  # and timed, so a pass pads to the cheapest
-    assert runtime["target"]["eager_reason"] is None
-    assert "Runtime: compiled" in (tmp_path / "summary.md").read_text()
-    rows = pd.read_json(tmp_path / "results.jsonl", lines=True)
-    assert (rows[rows["method"] == "speculative"]["agreement"] == 1.0).all()
-
-
 def test_one_graph_serves_every_cache_and_sequence_length(monkeypatch):
     """A graph guards on its inputs' dispatch keys and strides: a cache's fill count must be the same kind of tensor
     wherever the cache was made (a timing helper makes them in inference mode, a decoding loop outside), and a pass

@@ -187,9 +187,9 @@ def test_string_drafter_context_is_checked(cross_pair, context_tokens):
 
 
 def test_a_run_lists_the_compiled_runtime_of_a_cross_vocabulary_pair(cross_pair):
-    """experiments.run's runtime record on a string-level pair (whose `candidates` is a method, not a DraftSwitch's
-    dict): the compiled target is listed, and the eager draft is not (it crashed the run's end before)."""
-    from experiments.run.choices import runtimes_of
+    """The compiled runtimes of a string-level pair (whose `candidates` is a method, not a DraftSwitch's dict), as a
+    run records them: the compiled target is listed, and the eager draft is not (it crashed the run's end before)."""
+    from specdec.auto.runtime import compiled_runtimes
     from specdec.runtime.compiled import compile_model, eager_model
 
     _, draft, target_tokenizer, draft_tokenizer = cross_pair
@@ -197,6 +197,6 @@ def test_a_run_lists_the_compiled_runtime_of_a_cross_vocabulary_pair(cross_pair)
     runtime = compile_model(target)  # lazy: nothing compiles until a pass runs
     try:
         for drafter in DRAFTERS.values():
-            assert runtimes_of(target, drafter(draft, draft_tokenizer, target_tokenizer)) == {"target": runtime}
+            assert compiled_runtimes(target, drafter(draft, draft_tokenizer, target_tokenizer)) == {"target": runtime}
     finally:
         eager_model(target)

@@ -163,7 +163,7 @@ def test_report_on_a_run(run_dir: Path) -> None:
 
 def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch, make_cfg) -> None:
     """Ctrl-C after the first prompt: its rows, a summary from them, and a clean exit code 130."""
-    real = run_module.prompt_rows
+    real = run_module.rows_of
     calls = []
 
     def interrupt_second(*args, **kwargs):
@@ -172,7 +172,7 @@ def test_interrupted_run_keeps_finished_prompts(tmp_path: Path, monkeypatch, mak
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, "prompt_rows", interrupt_second)
+    monkeypatch.setattr(run_module, "rows_of", interrupt_second)
     with pytest.raises(SystemExit) as stop:
         run_experiment(make_cfg(*SMOKE, "logger=none"), tmp_path)
     assert stop.value.code == 130

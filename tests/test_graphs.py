@@ -14,7 +14,6 @@ import pytest
 import torch
 from fakes import GREEDY_PROMPT, one_token_steps
 
-from experiments.run.choices import runtime_markdown
 from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
 from specdec.runtime.cached import CachedLM, logits_width
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
@@ -75,8 +74,6 @@ def test_replayed_passes_decode_what_the_passes_decode(target):
                                 sampling=GREEDY, max_new_tokens=N_NEW)
     assert torch.equal(spec.tokens, eager) and 0 < spec.stats.acceptance_rate < 1
     assert graphs.replayed > 2 * graphs.recorded > 0
-    report = runtime_markdown({"target": compiled_forward(model)})  # the run folder's runtime.md says so
-    assert f"target: CUDA graphs, {graphs.recorded} passes recorded, {graphs.replayed} replayed" in report
 
 
 def test_each_cache_replays_its_own_recordings(target):

@@ -302,3 +302,23 @@ def test_a_thread_probe_does_not_repeat_a_lookup_that_has_no_match_now():
 
     assert probe((4, "ngram")) == (1, 0, "", 1)
     assert probe((4, "model")) == (1, 4, "model", 5)  # a draft that can propose: the round repeated
+
+
+def test_round_statistics_share_the_rounds_among_the_drafts_and_thread_counts_chosen():
+    """specdec.metrics.round_statistics over two generations' rounds: means, shares ("" is a plain step) and
+    histograms up to k_max."""
+    from specdec.metrics import Stats, round_statistics
+
+    first = Stats(target_forwards=3, accepted_per_round=[1, 2, 0], chosen_k=[2, 3, 0], chosen_draft=["a", "b", ""],
+                  chosen_threads=[1, 2, 2], predicted_tokens=2.5, predicted_seconds=0.1, measured_tokens=3,
+                  measured_seconds=0.2)  # fmt: skip
+    second = Stats(target_forwards=2, accepted_per_round=[4, 1], chosen_k=[4, 4], chosen_draft=["a", "a"],
+                   chosen_threads=[1, 1])  # fmt: skip
+    metrics, histograms = round_statistics([first, second], longest=5)
+    assert metrics["rounds"] == 5 and metrics["accepted_depth_mean"] == pytest.approx(1.6)
+    assert metrics["plain_step_share"] == pytest.approx(0.2) and metrics["chosen_k_mean"] == pytest.approx(2.6)
+    assert (metrics["draft_share/a"], metrics["draft_share/b"]) == (pytest.approx(0.6), pytest.approx(0.2))
+    assert metrics["threads_share/2"] == pytest.approx(0.4) and "tree_nodes_mean" not in metrics
+    assert metrics["predicted_over_measured"] == pytest.approx(25 / 15)
+    assert histograms == {"accepted_depth": [1, 2, 1, 0, 1, 0], "chosen_k": [1, 0, 1, 1, 2, 0]}
+    assert round_statistics([]) == ({}, {})

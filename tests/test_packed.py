@@ -178,48 +178,28 @@ def test_a_packed_int8_copy_drafts_for_its_float32_target(tmp_path):
         load_model(str(tmp_path), device="cuda", quantization="packed_int8")
 
 
-def test_without_avx512_a_packed_int8_candidate_is_left_out(monkeypatch, caplog):
-    """The default pair lists the packed_int8 copy among its candidates: where the kernel cannot run, calibration
-    leaves it out with one logged line, and the other candidates stay."""
-    from omegaconf import OmegaConf
-
-    from experiments.run.heads import loaded_candidates
-    from specdec.runtime import packed
-
-    candidates = OmegaConf.create({"ngram": {"_target_": "specdec.NGramDrafter"},
-                                   "packed_int8": {"model": {"quantization": "packed_int8", "device": "cpu"}}})
-    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    with caplog.at_level(logging.INFO):
-        assert list(loaded_candidates(candidates)) == ["ngram"]
-    assert "candidate packed_int8 left out: the packed kernel needs AVX-512 (this CPU: AVX2)" in caplog.text
-    monkeypatch.setattr(packed.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert list(loaded_candidates(candidates)) == ["ngram", "packed_int8"]
-    candidates.packed_int8.model.device = "cuda"
-    assert list(loaded_candidates(candidates)) == ["ngram"]
-
-
 @needs_avx512
 @pytest.mark.xdist_group("inductor")
-def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path, make_cfg):
+def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path):
     """With runtime.drafts=false, draft models stay eager, but a packed_int8 copy compiles (its eager step costs
     about twice its compiled one), on one static graph of width 1 where it reads the target's cache (steps=True);
     the greedy output stays the target's."""
-    from experiments.run.runtime import on_runtime
+    from specdec.auto.runtime import RuntimeOptions, put_on_runtime
     from specdec.runtime.models import dynamic_int8_copy
 
     target = tiny_model("llama", seed=0, scale=20.0)
     target.save_pretrained(tmp_path)
-    cfg = make_cfg("runtime=compiled", "runtime.drafts=false", "runtime.widths=[2]", "runtime.capacity=64",
-                   "runtime.packed_rows=[1,8]", "max_new_tokens=64")
+    runtime = RuntimeOptions("compiled", widths=(2,), capacity=64, packed_rows=(1, 8), drafts=False)
+    place = {"device": "cpu", "max_new_tokens": 64, "draft": True}
     draft, other = load_model(str(tmp_path), quantization="packed_int8"), dynamic_int8_copy(tiny_model("llama"))
-    on_runtime(cfg, draft, draft=True, steps=True)
-    on_runtime(cfg, other, draft=True)
+    put_on_runtime(draft, runtime, steps=True, **place)
+    put_on_runtime(other, runtime, **place)
     assert compiled_forward(other) is None
-    runtime = compiled_forward(draft)
-    assert runtime is not None and runtime.record.eager_reason is None and set(runtime.record.seconds) == {(1, 1)}
-    assert runtime.widths == (1,) and not runtime.dynamic_width
-    on_runtime(cfg, draft, draft=True)  # already on the runtime: left as it is
-    assert compiled_forward(draft) is runtime
+    compiled = compiled_forward(draft)
+    assert compiled is not None and compiled.record.eager_reason is None and set(compiled.record.seconds) == {(1, 1)}
+    assert compiled.widths == (1,) and not compiled.dynamic_width
+    put_on_runtime(draft, runtime, **place)  # already on the runtime: left as it is
+    assert compiled_forward(draft) is compiled
     out = speculative_generate(target, ModelDrafter(draft, reads_target_cache=True), GREEDY_PROMPT, k=3,
                                sampling=GREEDY, max_new_tokens=24)
     assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8

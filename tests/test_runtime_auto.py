@@ -1,18 +1,21 @@
 """runtime=auto (the default): the compiled runtime where it measured faster and its compile pays back, else eager,
-with the reason said (experiments.run.runtime.auto_eager_reason)."""
+with the reason said (specdec.auto.runtime.eager_reason)."""
 
 import pytest
 
-from experiments.run import runtime as run_runtime
-from experiments.run.runtime import (
+from specdec.auto import runtime as auto_runtime
+from specdec.auto.runtime import (
     AUTO_MIN_NEW_TOKENS,
+    RuntimeOptions,
     add_step_graph,
-    auto_eager_reason,
     compiles,
-    on_runtime,
+    eager_reason,
+    put_on_runtime,
 )
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
 from specdec.runtime.tiny import tiny_model
+
+AUTO = RuntimeOptions("auto", widths=(16,), dynamic_width=True)  # conf/runtime/auto.yaml, the packed kernel left out
 
 
 @pytest.fixture
@@ -25,39 +28,33 @@ def packed_kernel_here(monkeypatch):
     return answer
 
 
-def test_auto_is_the_default_and_compiles_a_real_sized_target_for_a_long_output(make_cfg, packed_kernel_here):
-    cfg = make_cfg()
-    assert cfg.runtime.name == "auto" and cfg.max_new_tokens >= AUTO_MIN_NEW_TOKENS
+def test_auto_compiles_a_real_sized_target_for_a_long_output(packed_kernel_here):
     packed_kernel_here(True)
-    assert auto_eager_reason(cfg) is None and compiles(cfg)
-    assert auto_eager_reason(make_cfg("runtime=eager")) is None  # (the reason is auto's; eager never compiles)
-    assert not compiles(make_cfg("runtime=eager")) and compiles(make_cfg("runtime=compiled", "max_new_tokens=4"))
+    assert eager_reason("cpu", AUTO_MIN_NEW_TOKENS) is None and compiles(AUTO, "cpu", AUTO_MIN_NEW_TOKENS)
+    assert not compiles(RuntimeOptions("eager"), "cpu", 128) and compiles(RuntimeOptions("compiled"), "cpu", 4)
 
 
-@pytest.mark.parametrize("overrides, runs, reason", [
-    (["device=cuda"], True, "compiles on a CPU only"),
-    ([], False, "packed kernel runs, and it needs AVX-512"),
-    (["max_new_tokens=8"], True, "max_new_tokens=8 is too few"),
+@pytest.mark.parametrize("device, max_new_tokens, runs, reason", [
+    ("cuda", 128, True, "compiles on a CPU only"),
+    ("cpu", 128, False, "packed kernel runs, and it needs AVX-512"),
+    ("cpu", 8, True, "max_new_tokens=8 is too few"),
 ])  # fmt: skip
-def test_auto_runs_eager_and_says_why(make_cfg, packed_kernel_here, overrides, runs, reason):
+def test_auto_runs_eager_and_says_why(packed_kernel_here, device, max_new_tokens, runs, reason):
     packed_kernel_here(runs)
-    cfg = make_cfg(*overrides)
-    assert reason in auto_eager_reason(cfg) and not compiles(cfg)
+    assert reason in eager_reason(device, max_new_tokens) and not compiles(AUTO, device, max_new_tokens)
 
 
 @pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py: inductor's first compile costs most
-def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(make_cfg, packed_kernel_here, monkeypatch,
-                                                                          caplog):
+def test_auto_leaves_a_toy_model_eager_and_compiles_when_no_reason_is_left(packed_kernel_here, monkeypatch, caplog):
     """A toy target is too small to pay a compile: it stays on the eager runtime, and the log says so. With that
     criterion lifted, the same call puts it on the compiled runtime (auto's profile: one graph of 1-16 tokens)."""
     packed_kernel_here(True)
-    cfg = make_cfg("runtime.packed_rows=null", "runtime.cpp_wrapper=false")  # a toy graph, quick to compile
     model = tiny_model("llama", seed=0)
-    with caplog.at_level("INFO", logger="experiments.run.runtime"):
-        on_runtime(cfg, model)
+    with caplog.at_level("INFO", logger="specdec.auto.report"):
+        put_on_runtime(model, AUTO, device="cpu", max_new_tokens=128)  # a toy graph, quick to compile
     assert compiled_forward(model) is None and "too small to pay a compile" in caplog.text
-    monkeypatch.setattr(run_runtime, "AUTO_MIN_WEIGHTS_MB", 0)
-    on_runtime(cfg, model)
+    monkeypatch.setattr(auto_runtime, "AUTO_MIN_WEIGHTS_MB", 0)
+    put_on_runtime(model, AUTO, device="cpu", max_new_tokens=128)
     assert compiled_forward(model).widths == (16,) and compiled_forward(model).dynamic_width
     eager_model(model)
 
@@ -73,8 +70,8 @@ def test_step_graph_adds_a_one_token_graph_where_the_wide_pass_costs_more(monkey
     model = tiny_model("llama", seed=0)
     compiled = compile_model(model, widths=(8,), capacity=32)  # no graph is built before a pass runs
     measured = []
-    monkeypatch.setattr(run_runtime, "row_cost", lambda m, rows: measured.append(rows) or cost)
-    with caplog.at_level("INFO", logger="experiments.run.runtime"):
+    monkeypatch.setattr(auto_runtime, "row_cost", lambda m, rows: measured.append(rows) or cost)
+    with caplog.at_level("INFO", logger="specdec.auto.report"):
         add_step_graph(mode, compiled, model)
     assert compiled.widths == widths and measured == ([8] if mode == "auto" else [])
     assert ("runtime.step_graph=auto" in caplog.text) == (mode == "auto")

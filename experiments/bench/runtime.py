@@ -46,7 +46,7 @@ from specdec.runtime.study import (
 
 from ..records import machine, markdown_table, write_result
 from ..run.methods import Setup
-from ..run.runtime import compile_settings
+from ..run.runtime import runtime_options
 from .goals import runtime_goal_entries
 
 
@@ -123,7 +123,7 @@ def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: Di
     prefix, widths = prompts[0], list(range(1, study.max_width + 1))
     entry: dict = {"settings": OmegaConf.to_container(profile), "dtype": str(model.dtype).removeprefix("torch.")}
     if profile.name == "compiled":
-        entry["compile"] = compile_seconds(model, prefix, **compile_settings(profile))
+        entry["compile"] = compile_seconds(model, prefix, **runtime_options(profile).compile_settings())
         entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
     ms, bound_ms = pass_ms(model, prefix, widths, study.repeats)
     entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,

@@ -26,17 +26,18 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specdec import Stats
+from specdec.auto.runtime import compiled_runtimes
+from specdec.metrics import mean
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
 from specdec.runtime.models import encode_prompt
 
 from ..records import machine, peak_memory, strict_json, write_json
-from .choices import runtimes_of, write_choices, write_runtime
+from .choices import write_choices, write_runtime
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
-from .rounds import mean
 from .settings import Plan, plan_of
 from .summary import method_table, naive_sentence, run_metrics, write_summary
 
@@ -68,62 +69,33 @@ def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torc
     }
 
 
-def prompt_rows(prompt: Prompt, setup: Setup) -> list[dict]:
-    """Run every method on one prompt; one row per method with stats, quality, memory and text."""
-    plan, pair = setup.plan, setup.pair
-    ids = encode_prompt(pair.tokenizer, prompt.text, chat=plan.chat)  # (1, L)
-    outputs, memory = {}, {}
-    for method in plan.methods:
-        with peak_memory(plan.device) as memory[method]:
-            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
-    reference = outputs["autoregressive"].tokens if plan.greedy else None
-    scored: dict[tuple[int, ...], dict] = {}  # identical outputs (greedy) are scored by the target once
-    rows = []
-    for method, out in outputs.items():
-        key = tuple(out.tokens.tolist())
-        if key not in scored:
-            scored[key] = quality(pair, ids, out.tokens, reference)
-        stats = out.stats
-        rows.append(
-            {
-                "prompt_id": prompt.id,
-                "category": prompt.category,
-                "method": method,
-                "prompt_tokens": ids.shape[-1],
-                **stats.summary(),
-                **round_means(stats),
-                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
-                **scored[key],
-                "weights_mb": pair.weights_mb(method),
-                "peak_rss_mb": memory[method].rss_mb,
-                "peak_cuda_mb": memory[method].cuda_mb,
-                "text": pair.tokenizer.decode(out.tokens, skip_special_tokens=True),
-            }
-        )
-    return rows
-
-
-def batch_rows_of(prompts: list[Prompt], setup: Setup, batch: int) -> list[dict]:
-    """Run every method on one batch of prompts decoded together; one row per prompt and method, with the
-    row's own counts and latency and the batch's wall time (throughput is every row's tokens over it)."""
+def rows_of(prompts: list[Prompt], setup: Setup, batch: int | None = None) -> list[dict]:
+    """Run every method on one prompt (batch None), or on one batch of prompts decoded together; one row per prompt
+    and method with stats, quality, memory and text. A batch's rows hold each row's own counts and latency and the
+    batch's wall time (throughput is every row's tokens over it)."""
     plan, pair = setup.plan, setup.pair
     ids = [encode_prompt(pair.tokenizer, p.text, chat=plan.chat) for p in prompts]  # (1, L_b) each
     outputs, memory = {}, {}
     for method in plan.methods:
         with peak_memory(plan.device) as memory[method]:
-            outputs[method] = setup.generate(method, ids, plan.max_new_tokens)
-    rows = []
+            outputs[method] = setup.generate(method, ids if batch is not None else ids[0], plan.max_new_tokens)
+    rows, scored = [], {}  # identical outputs (greedy) are scored by the target once
     for b, prompt in enumerate(prompts):
-        reference = outputs["autoregressive"].tokens[b] if plan.greedy else None
-        for method, out in outputs.items():
-            tokens, stats = out.tokens[b], out.rows[b]
+        parts = {method: (out.tokens[b], out.rows[b]) if batch is not None else (out.tokens, out.stats)
+                 for method, out in outputs.items()}  # fmt: skip
+        reference = parts["autoregressive"][0] if plan.greedy else None
+        for method, (tokens, stats) in parts.items():
+            key = (b, tuple(tokens.tolist()))
+            if key not in scored:
+                scored[key] = quality(pair, ids[b], tokens, reference)
+            whole = outputs[method].stats  # a batch's
+            together = {} if batch is None else {"batch": batch, "batch_size": len(prompts),
+                                                 "batch_seconds": whole.seconds["total"],
+                                                 "batch_passes": whole.extras.get("passes")}  # fmt: skip
             rows.append({
                 "prompt_id": prompt.id, "category": prompt.category, "method": method,
                 "prompt_tokens": ids[b].shape[-1], **stats.summary(), **round_means(stats),
-                **{name: list(getattr(stats, name)) for name in LIST_FIELDS},
-                **quality(pair, ids[b], tokens, reference),
-                "batch": batch, "batch_size": len(prompts), "batch_seconds": out.stats.seconds["total"],
-                "batch_passes": out.stats.extras.get("passes"),
+                **{name: list(getattr(stats, name)) for name in LIST_FIELDS}, **scored[key], **together,
                 "weights_mb": pair.weights_mb(method), "peak_rss_mb": memory[method].rss_mb,
                 "peak_cuda_mb": memory[method].cuda_mb,
                 "text": pair.tokenizer.decode(tokens, skip_special_tokens=True),
@@ -252,21 +224,21 @@ def run_experiment(
         if plan.batch_size > 1:
             groups = batches(prompts, plan.batch_size)
             for index, group in enumerate(tqdm(groups, desc=f"{name} ({', '.join(methods)})", unit="batch")):
-                rows = batch_rows_of(group, setup, index)
+                rows = rows_of(group, setup, index)
                 append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
                 for offset in range(len(group)):
                     logger.log_prompt(done + offset, rows[offset * len(methods) : (offset + 1) * len(methods)])
                 done += len(group)
         else:
             for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
-                rows = prompt_rows(prompt, setup)
+                rows = rows_of([prompt], setup)
                 append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
                 logger.log_prompt(index, rows)
                 done += 1
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
-    write_runtime(run_dir, runtimes_of(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
+    write_runtime(run_dir, compiled_runtimes(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
     try:
         table = summarize(run_dir, plan, keys, prompts, logger) if done else None
     finally:

@@ -7,11 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from transformers import PreTrainedModel
-
-from specdec.choose.calibration import Calibration
-from specdec.draft.switch import DraftSwitch
-from specdec.runtime.compiled import CompiledForward, compiled_forward
+from specdec.auto.calibration import Calibration
+from specdec.runtime.compiled import CompiledForward
 from specdec.runtime.probes import ThreadChoice
 
 from ..records import cell, markdown_table, write_json
@@ -97,12 +94,3 @@ def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
                "dynamic_width": r.dynamic_width,
                "pass_ms": r.pass_ms, "cuda_graphs": cuda_graphs(r)}
         for role, r in runtimes.items()})
-
-
-def runtimes_of(target: PreTrainedModel, drafter: object) -> dict[str, CompiledForward]:
-    """The compiled runtimes of the target and of the drafter's models (every candidate of a DraftSwitch)."""
-    members = drafter.candidates if isinstance(drafter, DraftSwitch) else {"": drafter}  # not getattr: a
-    # string-level drafter's `candidates` is a method
-    models = {"target": target} | {f"draft {name}".strip(): d.model for name, d in members.items()
-                                    if getattr(d, "model", None) is not None}
-    return {role: runtime for role, model in models.items() if (runtime := compiled_forward(model)) is not None}

@@ -3,8 +3,9 @@ model the naive method generates with (and model trees branch with).
 
 Drafters are built from their `_target_` nodes with hydra.utils.instantiate (conf/draft/, conf/tree/); a
 drafter's `model:` node loads its draft model. A pair whose model.draft lists `candidates` is calibrated:
-every candidate is built, timed and probed (specdec.choose.calibration); the fastest predicted one drafts a fixed k,
-and it and the next best stay loaded for k=auto, which chooses among them every round (specdec.choose.online).
+every candidate is built, then timed and probed by the library (specdec.auto.setup.prepare_drafts); the fastest
+predicted one drafts a fixed k, and it and the next best stay loaded for k=auto, which chooses among them every round
+(specdec.choose.online).
 `Pairs` keeps the last pair loaded, so that the jobs of a sweep that differ only in k or temperature share it.
 """
 
@@ -23,14 +24,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.choose.calibration import Calibration, calibrate
+from specdec.auto.runtime import put_drafter_on_runtime
+from specdec.auto.setup import Drafts, calibration_ids, prepare_drafts, prepare_target
 from specdec.draft.base import Drafter
-from specdec.draft.switch import DraftSwitch
-from specdec.runtime.models import check_tokenizers, encode_prompt, load_model, load_tokenizer
+from specdec.runtime.models import check_tokenizers, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
 
 from .heads import loaded_candidates, with_target
-from .runtime import choose_threads_for, drafter_on_runtime, on_runtime
+from .runtime import placement
 from .schema import AUTO
 from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
 
@@ -39,10 +40,6 @@ transformers.utils.logging.disable_progress_bar()
 # bitsandbytes int8 warns about a dtype cast on every forward pass
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 CONF_MODELS = CONF_DIR / "model"
-# A calibrated pair measures its candidates on this prompt (short: the calibration takes seconds)
-CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
-# A calibrated pair keeps its best candidates (by predicted speedup; the chosen first) for k=auto's online choice
-KEEP_CANDIDATES = 3
 LOADER = "specdec.runtime.models.load_model"  # the draft model loader the quantization group applies to
 
 
@@ -57,15 +54,14 @@ class Target:
 
 
 @dataclass
-class Draft:
-    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model."""
+class DraftSide:
+    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model, as the library
+    prepared them (a calibrated pair: with its calibration), and how the run describes them."""
 
-    drafter: Drafter
-    model: PreTrainedModel | None  # what the naive method generates with (None for n-gram)
-    tokenizer: PreTrainedTokenizerBase | None
+    drafts: Drafts
+    tokenizer: PreTrainedTokenizerBase | None  # the draft model's (None for n-gram)
     quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
     description: str  # what drafts, as its config node says (describe)
-    calibration: Calibration | None = None  # a calibrated pair: every candidate measured, and why
 
 
 @dataclass
@@ -73,18 +69,18 @@ class Pair:
     """Everything a run needs from the models, built once."""
 
     target_side: Target
-    draft_side: Draft
+    draft_side: DraftSide
 
     target = property(lambda self: self.target_side.model)
     tokenizer = property(lambda self: self.target_side.tokenizer)
     target_quantization = property(lambda self: self.target_side.quantization)
     threads = property(lambda self: self.target_side.threads)
-    drafter = property(lambda self: self.draft_side.drafter)
-    draft_model = property(lambda self: self.draft_side.model)
+    drafter = property(lambda self: self.draft_side.drafts.drafter)
+    draft_model = property(lambda self: self.draft_side.drafts.model)
     draft_tokenizer = property(lambda self: self.draft_side.tokenizer)
     draft_quantization = property(lambda self: self.draft_side.quantization)
     draft = property(lambda self: self.draft_side.description)
-    calibration = property(lambda self: self.draft_side.calibration)
+    calibration = property(lambda self: self.draft_side.drafts.calibration)
 
     @property
     def eos_token_id(self) -> list[int]:
@@ -169,33 +165,18 @@ def check_same_tokenizer(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) ->
     return draft_tokenizer
 
 
-def calibrated(
-    cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> tuple[Drafter, PreTrainedModel | None, Calibration]:
-    """Build every candidate, calibrate, and keep the best KEEP_CANDIDATES of them behind a DraftSwitch (the
-    chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
-    specdec.choose.online), and a draft model for the naive method (the chosen one's, else the best-ranked one's)."""
+def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Drafts:
+    """Build every candidate of model.draft and let the library calibrate them (specdec.auto.setup.prepare_drafts)."""
     candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
-    for drafter in drafters.values():
-        drafter_on_runtime(cfg, drafter)
-    result = calibrate(
-        target, drafters, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat),
-        k=None if plan.k == AUTO else plan.k, k_max=plan.k_max, sampling=plan.sampling,
-        eos_token_id=eos_ids(target, tokenizer), seed=plan.seed,
-    )  # fmt: skip
-    chosen = drafters[result.chosen]
-    models = [getattr(drafters[r.name], "model", None) for r in result.results]  # best first
-    draft_model = getattr(chosen, "model", None) or next((m for m in models if m is not None), None)
-    kept = [result.chosen] + [r.name for r in result.results if r.name != result.chosen][: KEEP_CANDIDATES - 1]
-    switch = DraftSwitch({name: drafters[name] for name in kept}, default=result.chosen)
-    drafters.clear()  # the other candidates go
-    gc.collect()
-    return switch if len(kept) > 1 else chosen, draft_model, result
+    return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,
+                          k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_ids(target, tokenizer),
+                          seed=plan.seed, **placement(cfg))  # fmt: skip
 
 
 def load_target(cfg: DictConfig, plan: Plan) -> Target:
-    """The target (quantized as the quantization group says), its tokenizer, and threads=auto's choice."""
+    """The target (quantized as the quantization group says), its tokenizer, on its threads and runtime
+    (specdec.auto.setup.prepare_target)."""
     warn_if_gated(cfg.model.target)
     quantization = quantization_of(cfg, "target")
     with offline_hint():
@@ -204,39 +185,38 @@ def load_target(cfg: DictConfig, plan: Plan) -> Target:
             compute_dtype=cfg.quantization.compute_dtype,
         )  # fmt: skip
         tokenizer = load_tokenizer(cfg.model.target.name)
-    threads = choose_threads_for(plan, model, encode_prompt(tokenizer, CALIBRATION_PROMPT, chat=plan.chat))
-    on_runtime(cfg, model)  # after the thread count: compiled graphs hold for the count they were built at
+    threads = prepare_target(model, calibration_ids(tokenizer, plan.chat), threads=plan.threads,
+                             k=None if plan.k == AUTO else plan.k, **placement(cfg))  # fmt: skip
     return Target(model, tokenizer, quantization, threads)
 
 
-def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Draft:
+def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> DraftSide:
     """The drafter of model.draft: built from its node (before the target loads: a draft model that cannot
     load fails first), or the fastest of its candidates, calibrated on the target."""
     if candidates_of(cfg) is not None:
         t = target()
-        drafter, model, calibration = calibrated(cfg, plan, t.model, t.tokenizer)
-        description = f"{calibration.chosen} (calibrated): {describe(candidates_of(cfg)[calibration.chosen])}"
-        return Draft(drafter, model, t.tokenizer if model is not None else None, calibration.chosen, description,
-                     calibration)  # fmt: skip
+        drafts = calibrated(cfg, plan, t.model, t.tokenizer)
+        chosen = drafts.calibration.chosen
+        description = f"{chosen} (calibrated): {describe(candidates_of(cfg)[chosen])}"
+        return DraftSide(drafts, t.tokenizer if drafts.model is not None else None, chosen, description)
     node = draft_node(cfg)
     with offline_hint():
         drafter = instantiate(node, **with_target(node, lambda: target().model))
     model = getattr(drafter, "model", None)
-    drafter_on_runtime(cfg, drafter)
+    put_drafter_on_runtime(drafter, **placement(cfg))
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
     if tokenizer is None and model is not None:
         tokenizer = check_same_tokenizer(cfg, target().tokenizer)
-    return Draft(drafter, model, tokenizer, draft_quantization(node), describe(node))
+    return DraftSide(Drafts(drafter, model), tokenizer, draft_quantization(node), describe(node))
 
 
 def tree_drafter(cfg: DictConfig, pair: Pair, max_nodes: int) -> Drafter:
     """The tree drafter of cfg.tree, given the pair's draft model where it drafts with one (`model: ???`), and
-    no wider than the pass limit."""
+    no wider than the pass limit (the library puts it on its runtime: specdec.auto.setup.prepare_decoding)."""
     if needs_draft_model(cfg.tree) and pair.draft_model is None:
         raise ConfigError(f"{cfg.tree._target_} needs a draft model, but this pair loaded none: use tree=ngram")
     drafter = instantiate(cfg.tree, **({"model": pair.draft_model} if needs_draft_model(cfg.tree) else
                                        with_target(cfg.tree, lambda: pair.target)))
-    drafter_on_runtime(cfg, drafter)
     if drafter.most_nodes > max_nodes:
         raise ConfigError(f"tree={type(drafter).__name__} verifies up to {drafter.most_nodes} nodes per pass but "
                           f"max_nodes={max_nodes}: lower tree.nodes or raise max_nodes")
@@ -264,7 +244,7 @@ class Pairs:
 
     def __init__(self) -> None:
         self.targets: dict[str, Target] = {}
-        self.drafts: dict[str, Draft] = {}
+        self.drafts: dict[str, DraftSide] = {}
 
     def target(self, cfg: DictConfig, plan: Plan) -> Target:
         key = target_key(cfg)

@@ -1,36 +1,22 @@
-"""The rounds of a run's speculative method: accepted depth, chosen k, drafts and thread counts chosen online, tree
-sizes; as metrics with stable names, histograms (counts per integer value) and the summary's Markdown.
+"""The rounds of a run's speculative method, read back from its rows: metrics with stable names and histograms
+(specdec.metrics.round_statistics), and the summary's Markdown.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import pandas as pd
 
+from specdec.metrics import Stats, round_statistics
 
-def ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator else float("nan")
+STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 
 
 def flatten(lists: pd.Series) -> list[int]:
     """The per-round lists of every prompt, one after another."""
     return [value for values in lists for value in values]
-
-
-def counts(values: list[int], longest: int = 0) -> list[int]:
-    """counts[v]: how many of the values equal v, for v = 0..max(longest, max(values))."""
-    top = max([longest, *values])
-    return [sum(1 for v in values if v == i) for i in range(top + 1)]
-
-
-def mean(values: list[int]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def shares(prefix: str, values: list) -> dict[str, float]:
-    """{prefix/value: share of the rounds} for each value seen but "" (a round that drafted nothing)."""
-    return {f"{prefix}/{v}": values.count(v) / len(values) for v in sorted(set(values)) if v != ""}
 
 
 def listed_shares(metrics: dict[str, float], prefix: str, unit: str = "") -> str:
@@ -40,37 +26,10 @@ def listed_shares(metrics: dict[str, float], prefix: str, unit: str = "") -> str
 
 
 def round_metrics(rows: pd.DataFrame, longest: int) -> tuple[dict[str, float], dict[str, list[int]]]:
-    """The speculative method's rounds: their number, chosen k, tree size and accepted depth (means and
-    histograms, longest = k_max or the tree depth), and the cost model's predicted against measured rate."""
+    """The speculative method's rounds over the run's rows (specdec.metrics.round_statistics)."""
     spec = rows[rows["method"] == "speculative"]
-    if spec.empty:
-        return {}, {}
-    accepted = flatten(spec["accepted_per_round"])
-    metrics = {"rounds": float(spec["target_forwards"].sum()), "accepted_depth_mean": mean(accepted)}
-    histograms = {"accepted_depth": counts(accepted, longest)}
-    chosen = flatten(spec["chosen_k"])
-    if chosen:  # the draft length (a tree: its depth) of every round, 0: a plain target step
-        metrics["chosen_k_mean"] = mean(chosen)
-        metrics["plain_step_share"] = mean([k == 0 for k in chosen])  # rounds that drafted nothing
-        histograms["chosen_k"] = counts(chosen, longest)
-    # k=auto over candidates: the share of rounds each one drafted ("": none), and each torch thread count ran
-    metrics.update(shares("draft_share", flatten(spec["chosen_draft"]) if "chosen_draft" in spec else []))
-    metrics.update(shares("threads_share", flatten(spec["chosen_threads"]) if "chosen_threads" in spec else []))
-    nodes = flatten(spec["tree_nodes"])
-    if nodes:  # trees: nodes verified and depth proposed per pass
-        metrics["tree_nodes_mean"] = mean(nodes)
-        metrics["tree_depth_mean"] = mean(flatten(spec["tree_depths"]))
-    if spec["predicted_seconds"].sum() > 0:  # rounds the cost model predicted (k=auto after warm-up)
-        metrics["predicted_tokens_per_second"] = ratio(
-            spec["predicted_tokens"].sum(), spec["predicted_seconds"].sum()
-        )
-        metrics["measured_tokens_per_second"] = ratio(
-            spec["measured_tokens"].sum(), spec["measured_seconds"].sum()
-        )
-        metrics["predicted_over_measured"] = ratio(
-            metrics["predicted_tokens_per_second"], metrics["measured_tokens_per_second"]
-        )
-    return metrics, histograms
+    return round_statistics([Stats(**{name: row[name] for name in STATS if name in row})
+                             for row in spec.to_dict("records")], longest)  # fmt: skip
 
 
 def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]]) -> str:

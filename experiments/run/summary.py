@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from specdec.metrics import mean, ratio
 from specdec.theory import expected_tokens_per_pass, optimal_k, walltime_improvement
 
 from ..records import cell, machine_sentence, markdown_table, strict_json
-from .rounds import flatten, mean, ratio, round_metrics, rounds_markdown
+from .rounds import flatten, round_metrics, rounds_markdown
 
 BASELINE = "autoregressive"
 TABLE_COLUMNS = {  # column -> how the markdown table prints it

@@ -1,5 +1,6 @@
 """specdec: speculative sampling (Leviathan et al. 2023) next to the article's draft-then-score."""
 
+from .auto import Prepared, RuntimeOptions, prepare
 from .autoregressive import autoregressive_generate
 from .choose.cost import CostModel, FixedDraftLength
 from .choose.online import OnlineDraftChoice
@@ -13,6 +14,7 @@ from .draft.ngram import NGramDrafter, NGramTreeDrafter
 from .draft.proposal import Draft
 from .draft.switch import DraftSwitch
 from .draft.tree import TreeDraft
+from .hf import HFOptions, hf_generate
 from .metrics import Generation, Stats
 from .naive import batched_draft_then_score, draft_then_score
 from .sampling import GREEDY, Sampling, probabilities
@@ -38,6 +40,7 @@ __all__ = [
     "Drafter",
     "FixedDraftLength",
     "Generation",
+    "HFOptions",
     "HybridTreeDrafter",
     "ModelDrafter",
     "ModelTreeDrafter",
@@ -45,6 +48,8 @@ __all__ = [
     "NGramTreeDrafter",
     "OnlineDraftChoice",
     "OnlineThreadChoice",
+    "Prepared",
+    "RuntimeOptions",
     "Sampling",
     "Stats",
     "StringDrafter",
@@ -61,7 +66,9 @@ __all__ = [
     "draft_then_score",
     "expected_tokens",
     "expected_tokens_per_pass",
+    "hf_generate",
     "optimal_k",
+    "prepare",
     "probabilities",
     "speculative_generate",
     "tree_generate",

@@ -7,6 +7,7 @@ target step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -178,3 +179,59 @@ def one_sequence(result: Generation) -> Generation:
     for key in ("passes", "rows"):
         result.stats.extras.pop(key, None)
     return Generation(result.tokens[0], result.stats)
+
+
+def round_statistics(generations: Sequence[Stats], longest: int = 0) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """The rounds of the generations together: their number, accepted depth, chosen k and share of plain steps, the
+    share of rounds each draft and torch thread count chosen online ran, tree size (means; histograms count the rounds
+    per integer value up to at least `longest`, k_max or the tree depth), and the cost model's predicted tokens per
+    second against the measured rate over the rounds it predicted. ({}, {}) for no generation."""
+    if not generations:
+        return {}, {}
+
+    def rounds(name: str) -> list:
+        return [value for stats in generations for value in getattr(stats, name)]
+
+    def total(name: str) -> float:
+        return sum(getattr(stats, name) for stats in generations)
+
+    accepted = rounds("accepted_per_round")
+    metrics = {"rounds": float(total("target_forwards")), "accepted_depth_mean": mean(accepted)}
+    histograms = {"accepted_depth": counts(accepted, longest)}
+    chosen = rounds("chosen_k")
+    if chosen:  # the draft length (a tree: its depth) of every round, 0: a plain target step
+        metrics["chosen_k_mean"] = mean(chosen)
+        metrics["plain_step_share"] = mean([k == 0 for k in chosen])  # rounds that drafted nothing
+        histograms["chosen_k"] = counts(chosen, longest)
+    # k=auto over candidates: the share of rounds each one drafted ("": none), and each torch thread count ran
+    metrics.update(shares("draft_share", rounds("chosen_draft")))
+    metrics.update(shares("threads_share", rounds("chosen_threads")))
+    nodes = rounds("tree_nodes")
+    if nodes:  # trees: nodes verified and depth proposed per pass
+        metrics["tree_nodes_mean"] = mean(nodes)
+        metrics["tree_depth_mean"] = mean(rounds("tree_depths"))
+    if total("predicted_seconds") > 0:  # rounds the cost model predicted (k=auto after warm-up)
+        metrics["predicted_tokens_per_second"] = ratio(total("predicted_tokens"), total("predicted_seconds"))
+        metrics["measured_tokens_per_second"] = ratio(total("measured_tokens"), total("measured_seconds"))
+        metrics["predicted_over_measured"] = ratio(metrics["predicted_tokens_per_second"],
+                                                   metrics["measured_tokens_per_second"])  # fmt: skip
+    return metrics, histograms
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def counts(values: Sequence[int], longest: int = 0) -> list[int]:
+    """counts[v]: how many of the values equal v, for v = 0..max(longest, max(values))."""
+    top = max([longest, *values])
+    return [sum(1 for v in values if v == i) for i in range(top + 1)]
+
+
+def shares(prefix: str, values: Sequence) -> dict[str, float]:
+    """{prefix/value: share of the values} for each value seen but "" (a round that drafted nothing)."""
+    return {f"{prefix}/{v}": values.count(v) / len(values) for v in sorted(set(values)) if v != ""}

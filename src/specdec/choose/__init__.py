@@ -1,2 +1,2 @@
-"""Choosing how much to draft and which draft: cost models, the rule factory, online choice, calibration.
+"""Choosing how much to draft and which draft: cost models, the rule factory, online choice.
 """

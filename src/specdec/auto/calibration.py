@@ -38,16 +38,16 @@ from functools import partial
 import torch
 from transformers import PreTrainedModel
 
+from ..choose.timings import interpolated
 from ..decoding import speculative_generate
 from ..draft.base import Drafter
 from ..draft.head_drafter import HeadDrafter
 from ..draft.model import ModelDrafter
 from ..runtime.cached import CachedLM, logits_width
 from ..runtime.probes import pass_tokens, timed_step
-from ..runtime.timing import stopwatch
+from ..runtime.timing import interleaved_samples
 from ..sampling import GREEDY, Sampling
 from ..theory import expected_tokens_per_pass, optimal_k, walltime_improvement
-from .timings import interpolated
 
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
 UNSTEADY = 0.5  # Timings.spread above which the calibration says its timings are unsteady
@@ -111,18 +111,11 @@ def measure_timings(
         else:
             d.start([prefix])  # a lookup: one row
             jobs[name] = (partial(d.propose, [prefix], k_max, GREEDY, logits_width(target), None), lambda: None)
-    samples: dict[object, list[float]] = {key: [] for key in jobs}
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
-        for key, (run, undo) in jobs.items():
-            seconds: dict[str, float] = {}
-            with stopwatch(seconds, "run", prefix.device):
-                run()
-            undo()
-            samples[key].append(seconds["run"])
-    ms = {key: 1000 * statistics.median(values[1:]) for key, values in samples.items()}
+    samples = interleaved_samples({key: run for key, (run, _) in jobs.items()}, repeats, warmup=1,
+                                  device=prefix.device, after={key: undo for key, (_, undo) in jobs.items()})
+    ms = {key: 1000 * statistics.median(values) for key, values in samples.items()}
     # timings of a millisecond or more: a lookup call's fraction of a millisecond is all timer noise
-    spread = max([(max(v[1:]) - min(v[1:])) / statistics.median(v[1:]) for k, v in samples.items() if ms[k] >= 1.0],
-                 default=0.0)  # fmt: skip
+    spread = max([(max(v) - min(v)) / statistics.median(v) for k, v in samples.items() if ms[k] >= 1.0], default=0.0)
     return Timings({w: ms[w] for w in widths}, {name: ms[name] for name in drafters}, spread)
 
 

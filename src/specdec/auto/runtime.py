@@ -1,0 +1,159 @@
+"""Which runtime a model runs on, eager or compiled (specdec.runtime.compiled), decided once per run and model:
+runtime=auto's reasons, the compile settings, a 1-token graph where the widest bucket costs more than a step, and the
+drafters' models and heads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+
+from transformers import PreTrainedModel
+
+from ..draft.head_runtime import compile_head
+from ..draft.switch import DraftSwitch
+from ..runtime.compiled import CAPACITY, WIDTHS, WINDOW, CompiledForward, compile_model, compiled_forward
+from ..runtime.packed import PackedInt8Linear, row_cost
+from ..runtime.probes import build_graphs, time_buckets
+from ..runtime.study import weight_bytes
+from .report import Report
+
+EAGER, COMPILED, AUTO = "eager", "compiled", "auto"  # the runtimes (conf/runtime/)
+NEVER, ALWAYS = "never", "always"  # step_graph's choices besides auto
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How models run: name eager, compiled or auto (compiled where it pays, eager_reason), and the compiled
+    runtime's settings (specdec.runtime.compiled.compile_model; conf/runtime/compiled.yaml says each)."""
+
+    name: str = EAGER
+    widths: tuple[int, ...] = WIDTHS  # compiled pass widths, tokens per row
+    capacity: int = CAPACITY  # cache slots per row, preallocated
+    autotune: bool = False
+    packed_rows: tuple[int, int] | None = None  # [first, last] rows on the packed kernel; None: inductor's GEMMs
+    cpp_wrapper: bool = False
+    cuda_graphs: bool = True
+    dynamic_width: bool = False
+    step_graph: str = NEVER  # a 1-token graph next to widths: always, never or auto (add_step_graph)
+    window: int = WINDOW
+    drafts: bool = False  # draft models run compiled too (a packed int8 copy does whatever this says)
+    heads: bool = True  # a trained draft head's forward runs compiled too
+
+    def compile_settings(self) -> dict:
+        """compile_model's keyword arguments."""
+        settings = asdict(self)
+        for key in ("name", "step_graph", "drafts", "heads"):
+            del settings[key]
+        return settings
+
+
+EAGER_RUNTIME = RuntimeOptions()  # models as loaded
+
+AUTO_MIN_NEW_TOKENS = 32  # runtime=auto compiles for runs of at least this many new tokens per prompt
+AUTO_MIN_WEIGHTS_MB = 64  # ... and targets of at least this many MB of weights (toy models run eager)
+
+
+def eager_reason(device: str, max_new_tokens: int, model: PreTrainedModel | None = None) -> str | None:
+    """Why runtime=auto runs eager for this run and model (None: it compiles). It compiles where the compiled
+    runtime measured faster and its compile pays back: on a CPU with the packed kernel (AVX-512), whose compiled
+    SmolLM2-135M step took 21-25 ms against 55-61 ms eager; for a model of at least AUTO_MIN_WEIGHTS_MB (a toy model's
+    eager step takes a millisecond); and for outputs of at least AUTO_MIN_NEW_TOKENS tokens (a warm start loads the
+    graph in 10-13 s; docs/performance.md)."""
+    from ..runtime.packed import unavailable_reason  # at call time (tests answer for this CPU)
+
+    if not str(device).startswith("cpu"):
+        return f"runtime=auto compiles on a CPU only (device={device})"
+    if kernel := unavailable_reason():
+        return f"runtime=auto compiles where the packed kernel runs, and {kernel}"
+    if not shutil.which(os.environ.get("CXX", "c++")):
+        return "runtime=auto compiles with a C++ compiler, and none is on PATH (CXX or c++)"
+    if max_new_tokens < AUTO_MIN_NEW_TOKENS:
+        return f"max_new_tokens={max_new_tokens} is too few to pay a compile (runtime=auto: >= {AUTO_MIN_NEW_TOKENS})"
+    if model is not None and (mb := weight_bytes(model) / 2**20) < AUTO_MIN_WEIGHTS_MB:
+        return f"{mb:.1f} MB of weights is too small to pay a compile (runtime=auto: >= {AUTO_MIN_WEIGHTS_MB})"
+    return None
+
+
+def compiles(runtime: RuntimeOptions, device: str, max_new_tokens: int, model: PreTrainedModel | None = None,
+             report: Report | None = None) -> bool:
+    """Whether models go on the compiled runtime: runtime=compiled, or runtime=auto where eager_reason finds no
+    reason against (said in the report for a model)."""
+    if runtime.name != AUTO:
+        return runtime.name == COMPILED
+    reason = eager_reason(device, max_new_tokens, model)
+    if model is not None:
+        (report or Report()).say("runtime=auto: %s", f"eager, as {reason}" if reason else "compiled (specdec.runtime.compiled)")
+    return reason is None
+
+
+def put_on_runtime(model: PreTrainedModel | None, runtime: RuntimeOptions, *, device: str, max_new_tokens: int,
+                   draft: bool = False, steps: bool = False, report: Report | None = None) -> None:
+    """Put a loaded model on the run's runtime: compiled (specdec.runtime.compiled), or eager as loaded (a model
+    already on it stays as it is). draft: a draft model, compiled only with runtime.drafts or on the packed int8
+    kernel. steps: the model runs one-token steps only (a copy that reads the target's cache): one static graph of
+    width 1, quicker to compile. The graphs are built and their buckets timed now, not in a timed pass."""
+    if model is None or (draft and not (runtime.drafts or has_int8_kernel(model))) or compiled_forward(model):
+        return
+    if not compiles(runtime, device, max_new_tokens, model, report):
+        return
+    settings = {**runtime.compile_settings(), **({"widths": (1,), "dynamic_width": False} if steps else {})}
+    add_step_graph(runtime.step_graph, compile_model(model, **settings), model, report)
+    build_graphs(model)  # now, not in a timed pass
+    time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
+
+
+def has_int8_kernel(model: PreTrainedModel) -> bool:
+    """Whether a model's linears run on the packed int8 kernel (quantization=packed_int8): such a draft runs
+    compiled whatever runtime.drafts says, as its compiled step took 10.7-11.2 ms against 17.5 ms eager on a 2-core
+    Xeon (docs/performance.md)."""
+    return any(isinstance(module, PackedInt8Linear) for module in model.modules())
+
+
+STEP_GAIN = 1.15  # step_graph=auto adds a 1-token graph where a pass of the widest bucket costs this many steps or more
+
+
+def add_step_graph(mode: str, compiled: CompiledForward, model: PreTrainedModel, report: Report | None = None
+                   ) -> None:
+    """step_graph: a 1-token graph next to the profile's widths, so that a target step is not padded to a wide
+    bucket. always: whenever the widths lack one; never: the widths as given; auto: where the packed kernel's pass
+    of the widest bucket's rows measured at least STEP_GAIN times its one-row pass here (one reported line either
+    way). The packed kernel keeps 8 rows at one row's cost on a 2-core "AMD EPYC" (docs/performance.md), but not on
+    every CPU: on a 2-core Xeon an 8-row pass cost 1.47 steps, and `make run`'s target-only ran 1.5x faster with the
+    1-token graph. With dynamic_width one graph takes every width already: nothing to add."""
+    if mode == NEVER or compiled.eager or compiled.dynamic_width or 1 in compiled.widths:
+        return
+    if mode != ALWAYS:
+        report = report or Report()
+        widest = max(compiled.widths)
+        cost = row_cost(model, widest)
+        if cost is None or cost < STEP_GAIN:
+            report.say("runtime.step_graph=auto: no 1-token graph (%s)", "no packed linears" if cost is None else
+                       f"the packed kernel's {widest}-row pass costs {cost:.2f} of its 1-row pass here")
+            return
+        report.say("runtime.step_graph=auto: a 1-token graph too, as the packed kernel's %d-row pass costs %.2f of "
+                   "its 1-row pass here", widest, cost)
+    compiled.widths = (1, *compiled.widths)
+
+
+def put_drafter_on_runtime(drafter: object, runtime: RuntimeOptions, *, device: str, max_new_tokens: int,
+                           report: Report | None = None) -> None:
+    """A drafter's model on the run's runtime (put_on_runtime), and a trained head's forward
+    (specdec.draft.head_runtime) on the compiled runtime with runtime.heads (its linears packed and its calls in C++
+    as the options say for models), its graphs built now."""
+    put_on_runtime(getattr(drafter, "model", None), runtime, device=device, max_new_tokens=max_new_tokens, draft=True,
+                   steps=getattr(drafter, "reads_target_cache", False), report=report)
+    head = getattr(drafter, "head", None)
+    if head is None or not runtime.heads or not compiles(runtime, device, max_new_tokens):
+        return
+    compile_head(head, capacity=runtime.capacity, autotune=runtime.autotune, packed_rows=runtime.packed_rows,
+                 cpp_wrapper=runtime.cpp_wrapper).build()
+
+
+def compiled_runtimes(target: PreTrainedModel, drafter: object) -> dict[str, CompiledForward]:
+    """The compiled runtimes of the target and of the drafter's models (every candidate of a DraftSwitch), by role."""
+    members = drafter.candidates if isinstance(drafter, DraftSwitch) else {"": drafter}  # not getattr: a
+    # string-level drafter's `candidates` is a method
+    models = {"target": target} | {f"draft {name}".strip(): d.model for name, d in members.items()
+                                    if getattr(d, "model", None) is not None}
+    return {role: runtime for role, model in models.items() if (runtime := compiled_forward(model)) is not None}
