@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYER = {"runtime": 0, "draft": 1, "verify": 1, "choose": 2, "decoding": 3, "auto": 4}  # specdec.<name>: its rank
 APP_TESTS = {  # tests of the apps (experiments/, scripts/, docs): these may import experiments
     "test_bench.py", "test_bench_parts.py", "test_config_errors.py", "test_configs.py", "test_docs.py",
-    "test_experiments.py", "test_gemm_probe.py", "test_sweeps.py", "test_train_draft.py", "test_layers.py",
+    "test_app_setup.py", "test_experiments.py", "test_gemm_probe.py", "test_sweeps.py", "test_train_draft.py", "test_layers.py",
 }  # fmt: skip
 APPS_MAX_LINES = 3500
 

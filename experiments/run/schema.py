@@ -21,14 +21,14 @@ from specdec.runtime.models import DTYPES, QUANTIZATIONS
 AUTO = "auto"  # k: auto, the draft length chosen each round by specdec.choose.cost.CostModel; threads: auto
 
 
-class Choice(str, Enum):
+class ConfigChoice(str, Enum):
     """A key's choices. OmegaConf reads a member by its name, so name and value are the same word; a member is
     that string wherever the config is read (str, format, repr, ==, hash)."""
 
     __str__, __format__, __repr__ = str.__str__, str.__format__, str.__repr__
 
 
-class Method(Choice):
+class Method(ConfigChoice):
     """What runs next to the target-only baseline (which always runs: it is the speedup's denominator)."""
 
     speculative = "speculative"
@@ -38,8 +38,8 @@ class Method(Choice):
     all = "all"  # speculative and naive
 
 
-def choices(name: str, *values: str) -> type[Choice]:
-    return Choice(name, [(value, value) for value in values], module=__name__)
+def choices(name: str, *values: str) -> type[ConfigChoice]:
+    return ConfigChoice(name, [(value, value) for value in values], module=__name__)
 
 
 Dtype = choices("Dtype", *DTYPES)  # the library's tables (specdec.runtime.models)
