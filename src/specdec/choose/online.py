@@ -1,6 +1,6 @@
 """Decisions that keep being made: which draft, and how many tokens of it, chosen again every round.
 
-A calibration at the start (specdec.choose.calibration) measures each candidate draft for a few seconds and keeps
+A calibration at the start (specdec.auto.calibration) measures each candidate draft for a few seconds and keeps
 one. On a shared machine that choice can be wrong for the rest of the run: a burst of load during those
 seconds makes a good draft look slow, and load that starts later makes a good draft slow (a draft's small
 matmuls suffer more from a busy core than the target's pass does). Here the choice is a rule of the decoding
