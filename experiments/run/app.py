@@ -29,17 +29,17 @@ from specdec import Stats
 from specdec.auto.runtime import compiled_runtimes
 from specdec.metrics import mean
 from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
+from specdec.runtime.machine import peak_memory
 from specdec.runtime.models import encode_prompt
 
-from ..records import machine, peak_memory, strict_json, write_json
-from .choices import write_choices, write_runtime
+from ..records import machine, strict_json, write_json
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pair, Pairs
 from .prompts import Prompt, load_prompts
 from .settings import Plan, plan_of
-from .summary import method_table, naive_sentence, run_metrics, write_summary
+from .summary import method_table, naive_sentence, run_metrics, write_choices, write_runtime, write_summary
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
