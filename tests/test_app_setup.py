@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from experiments.run.heads import say_left_out, trained_candidates
-from experiments.run.runtime import runtime_options
-from experiments.run.settings import ConfigError, validate
+from experiments.run.settings import ConfigError, runtime_options, validate
 from specdec.auto.runtime import AUTO_MIN_NEW_TOKENS, RuntimeOptions, compiles
 from specdec.runtime.probes import ThreadChoice
 from specdec.runtime.tiny import tiny_model

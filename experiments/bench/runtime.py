@@ -47,7 +47,7 @@ from specdec.runtime.study import (
 
 from ..records import machine, write_result
 from ..run.methods import Setup
-from ..run.runtime import runtime_options
+from ..run.settings import runtime_options
 from .goals import runtime_goal_entries
 
 

@@ -16,9 +16,8 @@ from specdec.hf import HFOptions, hf_generate
 from specdec.verify.base import AcceptanceRule
 
 from .pair import Pair, Pairs, tree_drafter
-from .runtime import placement
 from .schema import AUTO
-from .settings import ConfigError, Plan, plan_of
+from .settings import ConfigError, Plan, placement, plan_of
 
 
 @dataclass

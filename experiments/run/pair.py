@@ -27,13 +27,20 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.auto.runtime import put_drafter_on_runtime
 from specdec.auto.setup import Drafts, calibration_ids, prepare_drafts, prepare_target
 from specdec.draft.base import Drafter
-from specdec.runtime.models import check_tokenizers, load_model, load_tokenizer
+from specdec.runtime.models import check_tokenizers, eos_token_ids, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
 
 from .heads import loaded_candidates, with_target
-from .runtime import placement
 from .schema import AUTO
-from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
+from .settings import (
+    CONF_DIR,
+    ConfigError,
+    Plan,
+    candidates_of,
+    needs_draft_model,
+    placement,
+    quantization_of,
+)
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
@@ -84,21 +91,12 @@ class Pair:
 
     @property
     def eos_token_id(self) -> list[int]:
-        return eos_ids(self.target, self.tokenizer)
+        return eos_token_ids(self.target, self.tokenizer)
 
     def weights_mb(self, method: str) -> float:
         """Weights the method needs in memory: the target alone, or target and draft model."""
         models = [self.target] if method == "autoregressive" else [self.target, self.draft_model]
         return sum(m.get_memory_footprint() for m in models if m is not None) / 2**20
-
-
-def eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """End-of-sequence ids of the target's generation config and tokenizer."""
-    ids = target.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(ids))
 
 
 def offline_pairs() -> list[str]:
@@ -170,7 +168,7 @@ def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: 
     candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,
-                          k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_ids(target, tokenizer),
+                          k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_token_ids(target, tokenizer),
                           seed=plan.seed, **placement(cfg))  # fmt: skip
 
 

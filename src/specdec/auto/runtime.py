@@ -13,7 +13,15 @@ from transformers import PreTrainedModel
 from ..draft.head_runtime import compile_head
 from ..draft.switch import DraftSwitch
 from ..markdown import cell, markdown_table
-from ..runtime.compiled import CAPACITY, WIDTHS, WINDOW, CompiledForward, compile_model, compiled_forward
+from ..runtime.compiled import (
+    CAPACITY,
+    WIDTHS,
+    WINDOW,
+    CompiledForward,
+    check_settings,
+    compile_model,
+    compiled_forward,
+)
 from ..runtime.packed import PackedInt8Linear, row_cost
 from ..runtime.probes import build_graphs, time_buckets
 from ..runtime.study import weight_bytes
@@ -40,6 +48,20 @@ class RuntimeOptions:
     window: int = WINDOW
     drafts: bool = False  # draft models run compiled too (a packed int8 copy does whatever this says)
     heads: bool = True  # a trained draft head's forward runs compiled too
+
+    def __post_init__(self) -> None:
+        """Settings the compiled runtime can take; a ValueError naming the field and the fix otherwise."""
+        if not self.widths:
+            raise ValueError("widths must be a non-empty list of pass widths >= 1, got []")
+        if small := [w for w in self.widths if w < 1]:
+            raise ValueError(f"widths must be an integer >= 1, got {small[0]!r}")
+        check_settings(tuple(self.widths), self.capacity)
+        rows = self.packed_rows
+        if rows is not None and len(rows) != 2:
+            raise ValueError(f"packed_rows must be null or [first, last] pass rows, got {list(rows)!r}")
+        if rows is not None and not 1 <= rows[0] <= rows[1]:
+            least, value = (1, rows[0]) if rows[0] < 1 else rows
+            raise ValueError(f"packed_rows must be an integer >= {least}, got {value!r}")
 
     def compile_settings(self) -> dict:
         """compile_model's keyword arguments."""
