@@ -82,7 +82,7 @@ def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
     tree = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else None
     try:  # refuses what cannot draft for a batch, before any prompt runs
         prepared = prepare_decoding(
-            pair.target, pair.draft_side.drafts, k=None if plan.k == AUTO else plan.k, k_max=plan.k_max,
+            pair.target, pair.drafts, k=None if plan.k == AUTO else plan.k, k_max=plan.k_max,
             sampling=plan.sampling, acceptance=acceptance_of(cfg, plan), tree=tree, max_nodes=plan.max_nodes,
             batch_size=plan.batch_size, threads=pair.threads, speculative="speculative" in plan.methods,
             **placement(cfg),

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import transformers
@@ -50,8 +51,7 @@ CONF_MODELS = CONF_DIR / "model"
 LOADER = "specdec.runtime.models.load_model"  # the draft model loader the quantization group applies to
 
 
-@dataclass
-class Target:
+class Target(NamedTuple):
     """The target model as a pair loads it, shared by every pair with the same target settings."""
 
     model: PreTrainedModel
@@ -60,12 +60,11 @@ class Target:
     threads: ThreadChoice | None  # threads=auto: the torch thread count measured fastest, and its probes
 
 
-@dataclass
-class DraftSide:
-    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model, as the library
-    prepared them (a calibrated pair: with its calibration), and how the run describes them."""
+class DraftSide(NamedTuple):
+    """What drafts, as the library prepared it (a calibrated pair: with its calibration), and how the run describes
+    it."""
 
-    drafts: Drafts
+    drafts: Drafts  # the chain drafter speculative decoding runs with, and its draft model
     tokenizer: PreTrainedTokenizerBase | None  # the draft model's (None for n-gram)
     quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
     description: str  # what drafts, as its config node says (describe)
@@ -73,21 +72,20 @@ class DraftSide:
 
 @dataclass
 class Pair:
-    """Everything a run needs from the models, built once."""
+    """Everything a run needs from the models, built once: a Target's fields, then a DraftSide's."""
 
-    target_side: Target
-    draft_side: DraftSide
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    target_quantization: str
+    threads: ThreadChoice | None
+    drafts: Drafts
+    draft_tokenizer: PreTrainedTokenizerBase | None
+    draft_quantization: str
+    draft: str  # what drafts, as its config node says (describe)
 
-    target = property(lambda self: self.target_side.model)
-    tokenizer = property(lambda self: self.target_side.tokenizer)
-    target_quantization = property(lambda self: self.target_side.quantization)
-    threads = property(lambda self: self.target_side.threads)
-    drafter = property(lambda self: self.draft_side.drafts.drafter)
-    draft_model = property(lambda self: self.draft_side.drafts.model)
-    draft_tokenizer = property(lambda self: self.draft_side.tokenizer)
-    draft_quantization = property(lambda self: self.draft_side.quantization)
-    draft = property(lambda self: self.draft_side.description)
-    calibration = property(lambda self: self.draft_side.drafts.calibration)
+    drafter = property(lambda self: self.drafts.drafter)
+    draft_model = property(lambda self: self.drafts.model)
+    calibration = property(lambda self: self.drafts.calibration)
 
     @property
     def eos_token_id(self) -> list[int]:
@@ -261,4 +259,4 @@ class Pairs:
         key = pair_key(cfg)
         if key not in self.drafts:
             self.drafts[key] = load_draft(cfg, plan, lambda: self.target(cfg, plan))
-        return Pair(self.target(cfg, plan), self.drafts[key])
+        return Pair(*self.target(cfg, plan), *self.drafts[key])

@@ -30,23 +30,16 @@ from ..records import strict_json, write_json
 BASELINE = "autoregressive"
 STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
-    "prompts": "{:.0f}",
-    "new_tokens": "{:.0f}",
-    "latency_s": "{:.2f}",
-    "tokens_per_second": "{:.2f}",
-    "speedup": "{:.2f}",
-    "acceptance_rate": "{:.3f}",
-    "mean_accepted_length": "{:.2f}",
-    "alpha": "{:.3f}",
-    "nll_per_token": "{:.3f}",
-    "agreement": "{:.3f}",
-    "distinct_2": "{:.3f}",
-    "repetition_4": "{:.3f}",
-    "article_log_likelihood": "{:.4f}",
-    "weights_mb": "{:.0f}",
-    "peak_rss_mb": "{:.0f}",
-    "peak_cuda_mb": "{:.0f}",
-}
+    "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
+    "speedup": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
+    "nll_per_token": "{:.3f}", "agreement": "{:.3f}", "distinct_2": "{:.3f}", "repetition_4": "{:.3f}",
+    "article_log_likelihood": "{:.4f}", "weights_mb": "{:.0f}", "peak_rss_mb": "{:.0f}", "peak_cuda_mb": "{:.0f}",
+}  # fmt: skip
+PER_METHOD = {  # run metric <name>/<method> -> its method table column
+    "tokens_per_second": "tokens_per_second", "latency_s": "latency_s", "peak_memory_mb": "peak_rss_mb",
+    "cuda_peak_memory_mb": "peak_cuda_mb", "weights_mb": "weights_mb", "nll_per_token": "nll_per_token",
+    "agreement": "agreement", "distinct_2": "distinct_2", "repetition_4": "repetition_4",
+}  # fmt: skip
 
 
 def wall_seconds(rows: pd.DataFrame) -> float:
@@ -121,15 +114,7 @@ def run_metrics(
         metrics["speedup/naive"] = table.loc["naive", "speedup"]
         metrics["article_log_likelihood"] = table.loc["naive", "article_log_likelihood"]
     for method, row in table.iterrows():
-        metrics[f"tokens_per_second/{method}"] = row["tokens_per_second"]
-        metrics[f"latency_s/{method}"] = row["latency_s"]
-        metrics[f"peak_memory_mb/{method}"] = row["peak_rss_mb"]
-        metrics[f"cuda_peak_memory_mb/{method}"] = row["peak_cuda_mb"]
-        metrics[f"weights_mb/{method}"] = row["weights_mb"]
-        metrics[f"nll_per_token/{method}"] = row["nll_per_token"]
-        metrics[f"agreement/{method}"] = row["agreement"]
-        metrics[f"distinct_2/{method}"] = row["distinct_2"]
-        metrics[f"repetition_4/{method}"] = row["repetition_4"]
+        metrics.update({f"{name}/{method}": row[column] for name, column in PER_METHOD.items()})
     for method in ("autoregressive", "speculative"):
         if method in table.index:
             done = rows[rows["method"] == method]
