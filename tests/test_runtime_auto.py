@@ -92,3 +92,17 @@ def test_runtime_md_shows_one_graph_for_every_width_and_the_cuda_graphs():
     finally:
         eager_model(model)
 
+
+
+def test_runtime_options_refuse_what_the_compiled_runtime_cannot_take():
+    with pytest.raises(ValueError, match="widths must be a non-empty list"):
+        RuntimeOptions("compiled", widths=())
+    with pytest.raises(ValueError, match="widths must be an integer >= 1, got 0"):
+        RuntimeOptions("compiled", widths=(1, 0))
+    with pytest.raises(ValueError, match="capacity=16 must hold two"):
+        RuntimeOptions("compiled", widths=(1, 16), capacity=16)
+    with pytest.raises(ValueError, match=r"packed_rows must be null or \[first, last\]"):
+        RuntimeOptions("compiled", packed_rows=(5,))
+    with pytest.raises(ValueError, match="packed_rows must be an integer >= 5, got 2"):
+        RuntimeOptions("compiled", packed_rows=(5, 2))
+    assert RuntimeOptions("compiled", packed_rows=(1, 16)).packed_rows == (1, 16)
