@@ -26,8 +26,8 @@ from specdec.runtime.machine import machine_sentence
 from specdec.runtime.probes import ThreadChoice
 
 from ..records import strict_json, write_json
+from .settings import BASELINE
 
-BASELINE = "autoregressive"
 STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
     "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
