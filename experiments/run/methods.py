@@ -31,9 +31,7 @@ class Setup:
     hf: HFOptions
 
     drafter = property(lambda self: self.prepared.drafter)  # the speculative drafter: the pair's, or cfg.tree's
-    batch_drafter = property(lambda self: self.prepared.batch_drafter)  # the one decoding runs with
     acceptance = property(lambda self: self.prepared.acceptance)  # how chains or trees are verified (conf/verify/)
-    rule = property(lambda self: self.prepared.rule)  # k=auto: one rule across the run's prompts; None: a fixed k
 
     def generate(
         self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
@@ -62,13 +60,13 @@ class Setup:
 
     def speculative(self, prompts: torch.Tensor | list[torch.Tensor], common: dict) -> Generation:
         """Speculative decoding of one prompt or a batch, chains or trees, with the run's rule or fixed k."""
-        plan = self.plan
+        plan, prepared = self.plan, self.prepared
         if plan.trees:
-            return tree_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.tree_k,
-                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
+            return tree_generate(self.pair.target, prepared.batch_drafter, prompts, k=prepared.rule or plan.tree_k,
+                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=prepared.acceptance,
                                  **common)  # fmt: skip
-        return speculative_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.k,
-                                    phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+        return speculative_generate(self.pair.target, prepared.batch_drafter, prompts, k=prepared.rule or plan.k,
+                                    phase_times=True, acceptance=prepared.acceptance, **common)  # fmt: skip
 
 
 def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:

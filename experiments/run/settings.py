@@ -6,6 +6,8 @@ fails in milliseconds with a ConfigError naming the key and the fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 from hydra.errors import InstantiationException
@@ -59,12 +61,20 @@ def check_bounds(cfg: DictConfig) -> None:
             check_int(value, key, minimum, (AUTO,) if key in ("k", "model.k", "threads") else ())
 
 
-def sampling_of(cfg: DictConfig) -> Sampling:
-    """The library's Sampling from temperature, top_k, top_p (its own checks, re-raised as ConfigError)."""
+@contextmanager
+def library_check(prefix: str = "") -> Iterator[None]:
+    """The library's own check of a value (a ValueError that names the fix), re-raised as a ConfigError; prefix: the
+    config node the library's argument sits in."""
     try:
-        return Sampling(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        yield
     except ValueError as e:
-        raise ConfigError(str(e)) from e
+        raise ConfigError(f"{prefix}{e}") from e
+
+
+def sampling_of(cfg: DictConfig) -> Sampling:
+    """The library's Sampling from temperature, top_k, top_p."""
+    with library_check():
+        return Sampling(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
 
 
 def candidates_of(cfg: DictConfig) -> DictConfig | None:
@@ -192,14 +202,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"hf.assistant needs a draft model, but model={cfg.model.name} has none; use hf=lookup")
     if cfg.dataset.categories is not None and not cfg.dataset.categories:
         raise ConfigError("dataset.categories must be a non-empty list or null, got []")
-    try:  # the library's own checks: specdec.runtime.models.check_device, RuntimeOptions
+    with library_check():
         check_device(cfg.device)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    try:
+    with library_check("runtime."):
         runtime_options(cfg.runtime)
-    except ValueError as e:
-        raise ConfigError(f"runtime.{e}") from e
     if cfg.batch_size > 1 and cfg.method == Method.hf and (cfg.hf.assistant or cfg.hf.prompt_lookup):
         raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
                           "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")

@@ -245,12 +245,13 @@ def theory_check(baseline: Sequence[Stats], speculative: Sequence[Stats], k: int
     alpha = ratio(total(speculative, "overlap_sum"), total(speculative, "overlap_count"))
     verify_cost = ratio(seconds(speculative, "verify"), rounds) / step
     produced = [n + 1 for s in speculative for n in s.accepted_per_round]  # tokens per pass, before end-token cuts
+    error = statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan
     return {
         # Eq. 1 for the measured alpha at each round's draft length (the last rounds draft fewer, within the
         # budget), against the tokens the rounds produced, with their standard error
         "predicted_tokens_per_pass": mean([expected_tokens_per_pass(alpha, j) for s in speculative for j in s.chosen_k]),
         "produced_tokens_per_pass": mean(produced),
-        "produced_tokens_per_pass_se": statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan,
+        "produced_tokens_per_pass_se": error,
         "c": c,
         "verify_cost": verify_cost,
         "theoretical_speedup": walltime_improvement(alpha, c, k),
