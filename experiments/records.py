@@ -8,6 +8,8 @@ import math
 import subprocess
 from pathlib import Path
 
+import pandas as pd
+
 from specdec.runtime import machine as library_machine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,19 @@ def strict_json(value: object) -> object:
 def write_json(path: Path, value: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(strict_json(value), indent=2) + "\n")
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.writelines(
+            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
+        )
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """results.jsonl back as a DataFrame (null -> NaN)."""
+    with open(path) as f:
+        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
 
 
 def write_result(folder: Path, name: str, result: dict, table: str) -> None:

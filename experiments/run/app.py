@@ -14,7 +14,6 @@ keeps them; the summary table, figures and W&B run are written from whatever fin
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
@@ -33,7 +32,7 @@ from specdec.quality import output_quality
 from specdec.runtime.machine import peak_memory
 from specdec.runtime.models import encode_prompt
 
-from ..records import machine, strict_json, write_json
+from ..records import append_rows, machine, read_rows, write_json
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
@@ -101,19 +100,6 @@ def warm_up(prompt: Prompt, setup: Setup) -> None:
     ids = encode_prompt(setup.pair.tokenizer, prompt.text, chat=setup.plan.chat)
     for method in setup.plan.methods:
         setup.generate(method, ids, setup.plan.warmup_tokens)
-
-
-def append_rows(path: Path, rows: list[dict]) -> None:
-    with open(path, "a") as f:
-        f.writelines(
-            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
-        )
-
-
-def read_rows(path: Path) -> pd.DataFrame:
-    """results.jsonl back as a DataFrame (null -> NaN)."""
-    with open(path) as f:
-        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
 
 
 def run_keys(cfg: DictConfig, setup: Setup) -> dict:
