@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.auto.runtime import put_drafter_on_runtime
 from specdec.auto.setup import Drafts, calibration_ids, prepare_drafts, prepare_target
 from specdec.draft.base import Drafter
-from specdec.runtime.models import check_tokenizers, eos_token_ids, load_model, load_tokenizer
+from specdec.runtime.models import draft_tokenizer, eos_token_ids, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
 
 from .heads import loaded_candidates, with_target
@@ -150,17 +150,6 @@ def draft_quantization(node: DictConfig) -> str:
     return str(model.get("quantization") or "none") if OmegaConf.is_dict(model) else "none"
 
 
-def check_same_tokenizer(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """A draft model of another name (a second model) must share the target's tokenizer; returns its tokenizer."""
-    name = OmegaConf.select(cfg, "model.draft.model.name")  # the draft model's, whatever the pair calls it
-    if name is None or name == cfg.model.target.name:
-        return tokenizer
-    with offline_hint():
-        draft_tokenizer = load_tokenizer(name)
-    check_tokenizers(tokenizer, draft_tokenizer, cfg.model.target.name, name)
-    return draft_tokenizer
-
-
 def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Drafts:
     """Build every candidate of model.draft and let the library calibrate them (specdec.auto.setup.prepare_drafts)."""
     candidates = loaded_candidates(candidates_of(cfg))
@@ -201,8 +190,10 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
     model = getattr(drafter, "model", None)
     put_drafter_on_runtime(drafter, **placement(cfg))
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
-    if tokenizer is None and model is not None:
-        tokenizer = check_same_tokenizer(cfg, target().tokenizer)
+    if tokenizer is None and model is not None:  # the draft model's (model.draft.model.name) shares the target's
+        with offline_hint():
+            tokenizer = draft_tokenizer(target().tokenizer, cfg.model.target.name,
+                                        OmegaConf.select(cfg, "model.draft.model.name"))
     return DraftSide(Drafts(drafter, model), tokenizer, draft_quantization(node), describe(node))
 
 

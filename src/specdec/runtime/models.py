@@ -215,6 +215,16 @@ def check_tokenizers(
         )
 
 
+def draft_tokenizer(target: PreTrainedTokenizerBase, target_name: str, draft_name: str | None) -> PreTrainedTokenizerBase:
+    """A draft model's tokenizer: the target's for a copy of the target (draft_name None or the target's), else the
+    draft model's own, which must share the target's vocabulary (check_tokenizers)."""
+    if draft_name is None or draft_name == target_name:
+        return target
+    tokenizer = load_tokenizer(draft_name)
+    check_tokenizers(target, tokenizer, target_name, draft_name)
+    return tokenizer
+
+
 def layer_truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
     """The model's first n_layers blocks with its own embeddings and head, untrained: a deliberately weak draft."""
     layers = model.model.layers
