@@ -1,38 +1,18 @@
-"""Run I/O in one place: strict JSON, markdown tables, the machine a number came from, peak memory."""
+"""Run I/O in one place: strict JSON, the files a run writes, and the commit a number came from (the machine is the
+library's: specdec.runtime.machine)."""
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
-import platform
 import subprocess
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
-import psutil
-import torch
+import pandas as pd
+
+from specdec.runtime import machine as library_machine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = (
-    "specdec", "torch", "transformers", "bitsandbytes", "datasets", "hydra-core", "omegaconf", "wandb",
-    "numpy", "pandas", "seaborn",
-)  # fmt: skip
-# On AVX512-BF16 CPUs bitsandbytes warns at import that the optional `kernels` package (which downloads its 4-bit
-# kernel from the Hugging Face Hub) is missing; it then runs its own bundled fused gemv_4bit kernel, so: silenced.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-# CPU flags that decide which kernels run: x86 (/proc/cpuinfo "flags") and ARM ("Features")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8",
-             "asimd", "bf16", "i8mm", "sve", "sve2")  # fmt: skip
-
-
-# ---------------------------------------------------------------------------- JSON and markdown
 
 
 def strict_json(value: object) -> object:
@@ -51,29 +31,23 @@ def write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(strict_json(value), indent=2) + "\n")
 
 
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.writelines(
+            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
+        )
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """results.jsonl back as a DataFrame (null -> NaN)."""
+    with open(path) as f:
+        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
+
+
 def write_result(folder: Path, name: str, result: dict, table: str) -> None:
     """<folder>/<name>.json (strict JSON) and <folder>/<name>.md (the table)."""
     write_json(folder / f"{name}.json", result)
     (folder / f"{name}.md").write_text(table)
-
-
-def cell(value: object, fmt: str = "{:.3f}") -> str:
-    """One markdown cell: floats through fmt, NaN and None as a dash."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value) if isinstance(value, float) else str(value)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], fmt: str = "{:.3f}") -> str:
-    """A GitHub markdown table; cells that are already strings are kept as they are."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += [
-        "| " + " | ".join(v if isinstance(v, str) else cell(v, fmt) for v in row) + " |" for row in rows
-    ]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------- machine and packages
 
 
 def git(*args: str) -> str:
@@ -86,114 +60,10 @@ def git(*args: str) -> str:
         return "unknown"
 
 
-def cpu_info() -> dict[str, object]:
-    """CPU model and the flags that decide kernel paths (bf16 / AMX / AVX-512 / AVX2; ARM bf16, i8mm, sve)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    return {
-        "model": fields.get("model name")
-        or fields.get("Model name")
-        or platform.processor()
-        or platform.machine(),
-        "logical_cores": psutil.cpu_count(),
-        "flags": {flag: flag in flags for flag in CPU_FLAGS} if flags else "unknown (no /proc/cpuinfo)",
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def bitsandbytes_cpu_backend() -> dict[str, object]:
-    """Which bitsandbytes CPU kernels this process can use.
-
-    bitsandbytes 0.50 registers its fused 4-bit CPU kernel (gemv_4bit) only when the CPU has AVX512-BF16;
-    without it every 4-bit matmul dequantizes the whole weight first. Asked of torch's dispatcher, so it
-    reports what was registered, not what the flags suggest.
-    """
-    try:
-        import bitsandbytes  # noqa: F401  (registers its kernels)
-        from bitsandbytes.functional import has_avx512bf16
-    except ImportError:
-        return {"installed": False}
-
-    def registered(op: str) -> bool:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(f"bitsandbytes::{op}", "CPU")
-
-    fused = registered("gemv_4bit")
-    return {
-        "installed": True,
-        "has_avx512bf16": bool(has_avx512bf16()),
-        "fused_4bit_gemv": fused,
-        "int8_matmul_kernel": registered("int8_linear_matmul"),
-        "4bit_path": "fused gemv_4bit kernel" if fused else "dequantize, then torch matmul (no fused kernel)",
-    }
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return f"{cpu_info()['model']}, {psutil.cpu_count()} logical cores"
-
-
 def machine(device: str = "cpu") -> dict[str, object]:
-    """Git commit, package versions, device, CPU features and bitsandbytes path: what a number ran on."""
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": git("status", "--porcelain", "--untracked-files=no") not in ("", "unknown"),
-        "packages": versions,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "host": platform.node(),
-        "device": device,
-        "device_name": device_name(device),
-        "torch_threads": torch.get_num_threads(),
-        "cpu": cpu_info(),
-        "bitsandbytes_cpu": bitsandbytes_cpu_backend(),
-        "load_average": load_average(),
-    }
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages when the record was taken (other work on a shared machine)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def flags_present(info: dict[str, object]) -> str:
-    """The kernel-deciding CPU flags the machine has, comma-separated (or why they are unknown)."""
-    flags = info["cpu"]["flags"]
-    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
-    return present or "none of " + ", ".join(CPU_FLAGS)
-
-
-def machine_label(info: dict[str, object]) -> str:
-    """What a timing ran on, short enough for a table cell: the device (a GPU's name, or the CPU model and its
-    cores) and the CPU flags. Timings with different labels never share a ratio (experiments.report)."""
-    return f"{info['device_name']}; {flags_present(info)}"
-
-
-def machine_sentence(info: dict[str, object]) -> str:
-    """One line for a summary: CPU (or device), the kernel-deciding flags it has, the bitsandbytes 4-bit path."""
-    bnb = info["bitsandbytes_cpu"]
-    line = f"Machine: {info['device_name']}; CPU flags: {flags_present(info)}"
-    if bnb.get("installed"):
-        line += f"; bitsandbytes 4-bit on the CPU: {bnb['4bit_path']}"
-    if info.get("load_average"):
-        line += f"; load average {info['load_average'][0]:.1f} at the start (other work on the machine)"
-    return line + "."
+    """The library's machine record (specdec.runtime.machine) with the repository's git commit: what a number ran on."""
+    dirty = git("status", "--porcelain", "--untracked-files=no") not in ("", "unknown")
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": dirty, **library_machine.machine(device)}
 
 
 def provenance(device: str = "cpu") -> str:
@@ -201,57 +71,5 @@ def provenance(device: str = "cpu") -> str:
     info = machine(device)
     code = git("status", "--porcelain", "--untracked-files=no", "--", "src", "experiments", "conf", "data")
     dirty = " with uncommitted changes to the code" if code not in ("", "unknown") else ""
-    return f"Run on {info['date']} at commit {str(info['git_commit'])[:10]}{dirty}. {machine_sentence(info)}"
-
-
-# ---------------------------------------------------------------------------- memory
-
-
-def peak_rss_mb() -> float:
-    """This process's lifetime peak resident memory (Linux VmHWM), MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def reset_peak_rss() -> None:
-    """Restart the kernel's high-water mark (Linux), e.g. after loading the models."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-@dataclass
-class Peak:
-    """Peak memory of one block: process RSS (MB) and, on CUDA, the peak allocated (MB)."""
-
-    rss_mb: float = math.nan
-    cuda_mb: float = math.nan
-
-
-@contextmanager
-def peak_memory(device: str, interval: float = 0.01) -> Iterator[Peak]:
-    """Measure the block's peak memory; the Peak is filled in when the block ends.
-
-    RSS is sampled by a background thread every `interval` seconds (the OS keeps only a
-    process-lifetime peak); it includes every model loaded so far, not only the method's own.
-    """
-    process, done, peak = psutil.Process(), threading.Event(), Peak()
-    highest = [process.memory_info().rss]
-
-    def sample() -> None:
-        while not done.wait(interval):
-            highest[0] = max(highest[0], process.memory_info().rss)
-
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield peak
-    finally:
-        done.set()
-        thread.join()
-        peak.rss_mb = max(highest[0], process.memory_info().rss) / 2**20
-        if cuda:
-            peak.cuda_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    return (f"Run on {info['date']} at commit {str(info['git_commit'])[:10]}{dirty}. "
+            f"{library_machine.machine_sentence(info)}")

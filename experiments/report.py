@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from specdec.markdown import markdown_table
+from specdec.runtime.machine import machine_label
 from specdec.theory import optimal_k, walltime_improvement
 
-from .records import machine_label, markdown_table
 from .run.figures import sweep_figures
 from .sweeps import status_markdown, sweep_status
 

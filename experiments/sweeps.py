@@ -15,7 +15,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .records import markdown_table, write_json
+from specdec.markdown import markdown_table
+
+from .records import write_json
 
 DONE, FAILED = "done.json", "failed.json"  # markers in a job's run folder
 LOG_TAIL = 3  # lines of a job's log shown when it stopped without a failed.json (killed, out of memory, ...)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from experiments.records import markdown_table, write_json
+from experiments.records import write_json
 from experiments.train_draft import store
 from specdec.draft.head import load_head
+from specdec.markdown import markdown_table
 from specdec.runtime.models import load_model
 from specdec.train.head import CONFIDENCE_EDGES, Teacher, confidence_counts
 

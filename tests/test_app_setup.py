@@ -1,21 +1,16 @@
 """The apps' side of the setup: the config mapped to the library's options (specdec.auto), the candidates a pair
 builds, what a run writes about the choices (threads.md, calibration.md, runtime.md). The choices themselves are the
-library's: tests/test_calibration.py, test_runtime_auto.py."""
+library's, and so are their records' markdown: tests/test_calibration.py, test_runtime_auto.py."""
 
 import json
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from experiments.run.choices import calibration_markdown, runtime_markdown, threads_markdown
 from experiments.run.heads import say_left_out, trained_candidates
-from experiments.run.runtime import runtime_options
-from experiments.run.settings import ConfigError, validate
-from specdec.auto.calibration import Calibration, CandidateResult
+from experiments.run.settings import ConfigError, runtime_options, validate
 from specdec.auto.runtime import AUTO_MIN_NEW_TOKENS, RuntimeOptions, compiles
-from specdec.runtime.compiled import compile_model, eager_model
 from specdec.runtime.probes import ThreadChoice
 from specdec.runtime.tiny import tiny_model
 
@@ -93,8 +88,7 @@ def test_the_summary_carries_the_thread_choice(tmp_path):
     import pandas as pd
 
     from experiments.records import machine, write_json
-    from experiments.run.choices import write_choices
-    from experiments.run.summary import write_summary
+    from experiments.run.summary import write_choices, write_summary
 
     write_json(tmp_path / "environment.json", machine())
     write_choices(tmp_path, ThreadChoice(2, {1: 3.0, 2: 2.0}, 5, 7), None)
@@ -111,27 +105,6 @@ def test_threads_auto_is_a_setting_and_its_choice_is_written(make_cfg):
     validate(make_cfg("threads=auto"))
     with pytest.raises(ConfigError, match="threads"):
         validate(make_cfg("threads=many"))
-    line = threads_markdown(ThreadChoice(2, {1: 271.0, 2: 250.5}, 5, 17))
-    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line and "17-token prompt" in line
-
-
-def test_calibration_md_lists_every_candidate():
-    unprobed = CandidateResult("nf4", "per_token", 250.0, 2.5, float("nan"), 4, 1.3, 0.3, 1, 0.4)
-    probed = CandidateResult("ngram", "per_call", 0.2, 0.002, 0.5, 4, 1.3, 1.4, 3, 1.5)
-    table = calibration_markdown(Calibration(100.0, (probed, unprobed), "ngram", "ngram: predicted 1.40x."))
-    assert "| nf4 | 250.0 | 2.50 | - |" in table and "Chosen draft: ngram: predicted 1.40x." in table
-
-
-def test_runtime_md_shows_one_graph_for_every_width_and_the_cuda_graphs():
-    model = tiny_model("llama", seed=0)
-    runtime = compile_model(model, widths=(4,), capacity=64, dynamic_width=True)  # lazy: nothing compiles here
-    try:
-        runtime.record.seconds[(1, 4)] = 1.5
-        runtime.graphs = SimpleNamespace(recorded=3, replayed=9, failed=None)
-        report = runtime_markdown({"target": runtime})
-        assert "| 1x1-4 |" in report and "target: CUDA graphs, 3 passes recorded, 9 replayed" in report
-    finally:
-        eager_model(model)
 
 
 def test_without_avx512_a_packed_int8_candidate_is_left_out(monkeypatch, caplog):

@@ -12,7 +12,9 @@ from experiments.bench.figures import pooled_stats
 from experiments.bench.goals import goal_entries
 from experiments.bench.ratios import check_identical
 from experiments.bench.schedule import interleaved
-from experiments.records import machine, machine_sentence, markdown_table, strict_json
+from experiments.records import machine, strict_json
+from specdec.markdown import markdown_table
+from specdec.runtime.machine import machine_sentence
 
 
 def test_unknown_contender_is_refused():

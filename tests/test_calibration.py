@@ -18,6 +18,8 @@ from specdec import (
     speculative_generate,
 )
 from specdec.auto.calibration import (
+    Calibration,
+    CandidateResult,
     Timings,
     alpha_from_tokens_per_pass,
     calibrate,
@@ -249,3 +251,16 @@ def test_prepare_keeps_the_calibrated_candidates_and_says_why(target):
     assert torch.equal(out.tokens, autoregressive_generate(target, PROMPT, sampling=GREEDY, max_new_tokens=8).tokens)
     tree = prepare(target, NGramDrafter(), PROMPT, k=2, tree=NGramTreeDrafter(), batch_size=2)
     assert isinstance(tree.acceptance, TreeRules) and tree.rule is None and tree.drafts.calibration is None
+
+
+def test_the_thread_choice_says_what_each_count_measured():
+    line = ThreadChoice(2, {1: 271.0, 2: 250.5}, 5, 17).markdown()
+    assert "chose 2" in line and "1: 271.0, 2: 250.5" in line and "17-token prompt" in line
+
+
+def test_calibration_md_lists_every_candidate():
+    unprobed = CandidateResult("nf4", "per_token", 250.0, 2.5, float("nan"), 4, 1.3, 0.3, 1, 0.4)
+    probed = CandidateResult("ngram", "per_call", 0.2, 0.002, 0.5, 4, 1.3, 1.4, 3, 1.5)
+    table = Calibration(100.0, (probed, unprobed), "ngram", "ngram: predicted 1.40x.").markdown()
+    assert "| nf4 | 250.0 | 2.50 | - |" in table and "Chosen draft: ngram: predicted 1.40x." in table
+

@@ -13,6 +13,7 @@ from specdec import (
 )
 from specdec.runtime.models import (
     check_tokenizers,
+    draft_tokenizer,
     layer_truncated_copy,
     load_model,
     quantization_config,
@@ -79,18 +80,26 @@ def test_one_token_prompt_works(target):
     assert out.tokens.numel() == 5
 
 
-def test_mismatched_tokenizers_named():
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def test_mismatched_tokenizers_named(monkeypatch):
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as word_models
     from transformers import PreTrainedTokenizerFast
 
+    from specdec.runtime import models
+
     def tok(words):
-        t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+        t = Tokenizer(word_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
         t.pre_tokenizer = pre_tokenizers.Whitespace()
         return PreTrainedTokenizerFast(tokenizer_object=t)
 
     check_tokenizers(tok(["<unk>", "a", "b"]), tok(["<unk>", "a", "b"]), "t", "d")
     with pytest.raises(ValueError, match="'big/model'.*'small/model'.*same tokenizer"):
         check_tokenizers(tok(["<unk>", "a", "b"]), tok(["<unk>", "b", "a"]), "big/model", "small/model")
+    target = tok(["<unk>", "a", "b"])  # a draft model's tokenizer: the target's for a copy, else its own, checked
+    assert draft_tokenizer(target, "t", None) is target and draft_tokenizer(target, "t", "t") is target
+    monkeypatch.setattr(models, "load_tokenizer", lambda name: tok(["<unk>", "b", "a"]))
+    with pytest.raises(ValueError, match="'t'.*'small/model'.*same tokenizer"):
+        draft_tokenizer(target, "t", "small/model")
 
 
 def test_unknown_quantization_lists_choices():

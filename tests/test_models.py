@@ -209,3 +209,20 @@ def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
     first.communicate("release\n", timeout=60)
     with exclusive(lock), open(lock, "a") as handle, pytest.raises(BlockingIOError):  # free again: taken here
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_devices_are_checked_and_eos_ids_gathered():
+    from types import SimpleNamespace
+
+    from specdec.runtime.models import check_device, eos_token_ids
+
+    check_device("cpu")
+    with pytest.raises(ValueError, match="choices: cpu, cuda, cuda:N"):
+        check_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="add device=cpu"):
+            check_device("cuda:0")
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[5, 2]))
+    assert eos_token_ids(model, SimpleNamespace(eos_token_id=5)) == [2, 5]
+    assert eos_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None)),
+                         SimpleNamespace(eos_token_id=None)) == []

@@ -1,6 +1,8 @@
 """runtime=auto (the default): the compiled runtime where it measured faster and its compile pays back, else eager,
 with the reason said (specdec.auto.runtime.eager_reason)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from specdec.auto import runtime as auto_runtime
@@ -11,6 +13,7 @@ from specdec.auto.runtime import (
     compiles,
     eager_reason,
     put_on_runtime,
+    runtimes_markdown,
 )
 from specdec.runtime.compiled import compile_model, compiled_forward, eager_model
 from specdec.runtime.tiny import tiny_model
@@ -76,3 +79,30 @@ def test_step_graph_adds_a_one_token_graph_where_the_wide_pass_costs_more(monkey
     assert compiled.widths == widths and measured == ([8] if mode == "auto" else [])
     assert ("runtime.step_graph=auto" in caplog.text) == (mode == "auto")
     eager_model(model)
+
+
+def test_runtime_md_shows_one_graph_for_every_width_and_the_cuda_graphs():
+    model = tiny_model("llama", seed=0)
+    runtime = compile_model(model, widths=(4,), capacity=64, dynamic_width=True)  # lazy: nothing compiles here
+    try:
+        runtime.record.seconds[(1, 4)] = 1.5
+        runtime.graphs = SimpleNamespace(recorded=3, replayed=9, failed=None)
+        report = runtimes_markdown({"target": runtime})
+        assert "| 1x1-4 |" in report and "target: CUDA graphs, 3 passes recorded, 9 replayed" in report
+    finally:
+        eager_model(model)
+
+
+
+def test_runtime_options_refuse_what_the_compiled_runtime_cannot_take():
+    with pytest.raises(ValueError, match="widths must be a non-empty list"):
+        RuntimeOptions("compiled", widths=())
+    with pytest.raises(ValueError, match="widths must be an integer >= 1, got 0"):
+        RuntimeOptions("compiled", widths=(1, 0))
+    with pytest.raises(ValueError, match="capacity=16 must hold two"):
+        RuntimeOptions("compiled", widths=(1, 16), capacity=16)
+    with pytest.raises(ValueError, match=r"packed_rows must be null or \[first, last\]"):
+        RuntimeOptions("compiled", packed_rows=(5,))
+    with pytest.raises(ValueError, match="packed_rows must be an integer >= 5, got 2"):
+        RuntimeOptions("compiled", packed_rows=(5, 2))
+    assert RuntimeOptions("compiled", packed_rows=(1, 16)).packed_rows == (1, 16)

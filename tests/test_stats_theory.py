@@ -143,3 +143,32 @@ def test_acceptance_by_position_counts_only_rounds_that_tested_the_position(pair
     for i, rate in enumerate(ngram.acceptance_by_position):
         assert rate == ngram.accepted_at[i] / ngram.reached_at[i]
         assert ngram.reached_at[i] <= ngram.drafted_at[i]
+
+
+def test_theory_check_measures_c_and_the_verify_cost_against_the_baseline_step():
+    """Thm 3.8 against a run (specdec.metrics.theory_check): c and the verify cost in baseline steps of 0.1 s."""
+    from specdec.metrics import Stats, theory_check
+
+    baseline = Stats(target_forwards=10, seconds={"verify": 1.0})
+    spec = Stats(drafted=8, accepted=4, target_forwards=4, overlap_sum=3.0, overlap_count=4,
+                 accepted_per_round=[1, 1, 1, 1], chosen_k=[2, 2, 2, 2], seconds={"draft": 0.4, "verify": 0.6})
+    check = theory_check([baseline], [spec], k=2)
+    assert check["c"] == pytest.approx(0.5) and check["verify_cost"] == pytest.approx(1.5)
+    assert check["theoretical_speedup"] == pytest.approx(walltime_improvement(0.75, 0.5, 2))
+    assert check["theoretical_speedup_with_verify_cost"] == pytest.approx(walltime_improvement(0.75, 0.5, 2, 1.5))
+    assert check["predicted_tokens_per_pass"] == pytest.approx(expected_tokens_per_pass(0.75, 2))
+    assert check["produced_tokens_per_pass"] == 2 and check["produced_tokens_per_pass_se"] == 0
+    assert theory_check([baseline], [Stats(target_forwards=3)], k=2) == {}  # nothing drafted
+
+
+def test_an_outputs_quality_is_scored_by_the_target(pair):
+    """specdec.quality.output_quality: the target's NLL, agreement with a reference, diversity."""
+    from specdec.quality import negative_log_likelihood, output_quality
+
+    target, _ = pair
+    ids, tokens = torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 4, 5, 4, 5])
+    scored = output_quality(target, ids, tokens, reference=torch.tensor([4, 5, 6, 5, 4, 5]))
+    assert scored["nll"] == pytest.approx(negative_log_likelihood(target, ids, tokens))
+    assert scored["agreement"] == pytest.approx(2 / 6) and scored["distinct_2"] == pytest.approx(2 / 5)
+    assert scored["repetition_4"] == pytest.approx(1 / 3)
+    assert output_quality(target, ids, tokens)["agreement"] is None  # no reference (sampling)

@@ -21,9 +21,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from specdec.markdown import markdown_table
 from specdec.metrics import Generation
+from specdec.runtime.machine import peak_memory
 
-from ..records import machine, markdown_table, peak_memory, write_result
+from ..records import machine, write_result
 from ..run.prompts import Prompt
 from .goals import goal_entries
 

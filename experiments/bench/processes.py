@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..records import peak_rss_mb, reset_peak_rss
+from specdec.runtime.machine import peak_rss_mb, reset_peak_rss
+
 from ..run.prompts import Prompt
 from .contenders import Contender
 

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.markdown import markdown_table
 from specdec.runtime.compiled import eager_model
 from specdec.runtime.study import (
     compile_seconds,
@@ -44,9 +45,9 @@ from specdec.runtime.study import (
     weights_in,
 )
 
-from ..records import machine, markdown_table, write_result
+from ..records import machine, write_result
 from ..run.methods import Setup
-from ..run.runtime import runtime_options
+from ..run.settings import runtime_options
 from .goals import runtime_goal_entries
 
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
+from specdec.markdown import markdown_table
 from specdec.runtime.probes import forward_ms
 from specdec.runtime.study import ForwardClock
 
-from ..records import markdown_table
 from .schedule import clocked
 
 

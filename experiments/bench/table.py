@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..records import cell, machine_sentence, markdown_table
+from specdec.markdown import cell, markdown_table
+from specdec.runtime.machine import machine_sentence
+
 from .goals import AT_MOST, ISSUE_9, NOT_MEASURED
 
 

@@ -14,8 +14,8 @@ keeps them; the summary table, figures and W&B run are written from whatever fin
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import signal
 import threading
 from pathlib import Path
@@ -27,46 +27,33 @@ from tqdm import tqdm
 
 from specdec import Stats
 from specdec.auto.runtime import compiled_runtimes
-from specdec.metrics import mean
-from specdec.quality import agreement, distinct_n, negative_log_likelihood, repetition_rate
+from specdec.metrics import round_statistics
+from specdec.quality import output_quality
+from specdec.runtime.machine import peak_memory
 from specdec.runtime.models import encode_prompt
 
-from ..records import machine, peak_memory, strict_json, write_json
-from .choices import write_choices, write_runtime
+from ..records import append_rows, machine, read_rows, write_json
 from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
-from .pair import Pair, Pairs
+from .pair import Pairs
 from .prompts import Prompt, load_prompts
 from .settings import Plan, plan_of
-from .summary import method_table, naive_sentence, run_metrics, write_summary
+from .summary import method_table, naive_sentence, run_metrics, write_choices, write_runtime, write_summary
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
     "accepted_per_round", "drafted_at", "accepted_at", "reached_at", "chosen_k", "chosen_draft", "chosen_threads",
     "tree_nodes", "tree_depths",
 )  # fmt: skip
+ROUND_MEANS = ("chosen_k_mean", "plain_step_share", "tree_nodes_mean", "accepted_depth_mean")  # per prompt
 
 
 def round_means(stats: Stats) -> dict[str, float | None]:
-    """Per prompt: mean chosen k (chains), nodes per pass (trees), accepted depth; None where not drafted."""
-    return {
-        "chosen_k_mean": mean(stats.chosen_k) if stats.chosen_k else None,
-        "plain_step_share": mean([k == 0 for k in stats.chosen_k]) if stats.chosen_k else None,  # no draft
-        "tree_nodes_mean": mean(stats.tree_nodes) if stats.tree_nodes else None,
-        "accepted_depth_mean": mean(stats.accepted_per_round) if stats.accepted_per_round else None,
-    }
-
-
-def quality(pair: Pair, ids: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor | None) -> dict:
-    """Target NLL per token, agreement with the target's greedy output (None unless greedy), diversity."""
-    as_list = tokens.tolist()
-    return {
-        "nll": negative_log_likelihood(pair.target, ids, tokens),
-        "agreement": None if reference is None else agreement(tokens, reference),
-        "distinct_2": distinct_n(as_list, 2),
-        "repetition_4": repetition_rate(as_list, 4),
-    }
+    """Per prompt: mean chosen k (chains), nodes per pass (trees), accepted depth (specdec.metrics.round_statistics);
+    None where not drafted."""
+    means = round_statistics([stats])[0]
+    return {key: None if math.isnan(means.get(key, math.nan)) else means[key] for key in ROUND_MEANS}
 
 
 def rows_of(prompts: list[Prompt], setup: Setup, batch: int | None = None) -> list[dict]:
@@ -87,7 +74,7 @@ def rows_of(prompts: list[Prompt], setup: Setup, batch: int | None = None) -> li
         for method, (tokens, stats) in parts.items():
             key = (b, tuple(tokens.tolist()))
             if key not in scored:
-                scored[key] = quality(pair, ids[b], tokens, reference)
+                scored[key] = output_quality(pair.target, ids[b], tokens, reference)
             whole = outputs[method].stats  # a batch's
             together = {} if batch is None else {"batch": batch, "batch_size": len(prompts),
                                                  "batch_seconds": whole.seconds["total"],
@@ -113,19 +100,6 @@ def warm_up(prompt: Prompt, setup: Setup) -> None:
     ids = encode_prompt(setup.pair.tokenizer, prompt.text, chat=setup.plan.chat)
     for method in setup.plan.methods:
         setup.generate(method, ids, setup.plan.warmup_tokens)
-
-
-def append_rows(path: Path, rows: list[dict]) -> None:
-    with open(path, "a") as f:
-        f.writelines(
-            json.dumps({key: strict_json(value) for key, value in row.items()}) + "\n" for row in rows
-        )
-
-
-def read_rows(path: Path) -> pd.DataFrame:
-    """results.jsonl back as a DataFrame (null -> NaN)."""
-    with open(path) as f:
-        return pd.DataFrame([json.loads(line) for line in f if line.strip()])
 
 
 def run_keys(cfg: DictConfig, setup: Setup) -> dict:
@@ -221,20 +195,15 @@ def run_experiment(
     interrupt_on_sigterm()
     try:
         warm_up(prompts[0], setup)
-        if plan.batch_size > 1:
-            groups = batches(prompts, plan.batch_size)
-            for index, group in enumerate(tqdm(groups, desc=f"{name} ({', '.join(methods)})", unit="batch")):
-                rows = rows_of(group, setup, index)
-                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
-                for offset in range(len(group)):
-                    logger.log_prompt(done + offset, rows[offset * len(methods) : (offset + 1) * len(methods)])
-                done += len(group)
-        else:
-            for index, prompt in enumerate(tqdm(prompts, desc=f"{name} ({', '.join(methods)})", unit="prompt")):
-                rows = rows_of([prompt], setup)
-                append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
-                logger.log_prompt(index, rows)
-                done += 1
+        batched = plan.batch_size > 1  # else one prompt at a time
+        groups = batches(prompts, plan.batch_size)
+        for index, group in enumerate(tqdm(groups, desc=f"{name} ({', '.join(methods)})",
+                                           unit="batch" if batched else "prompt")):
+            rows = rows_of(group, setup, index if batched else None)
+            append_rows(run_dir / "results.jsonl", [{**keys, **row} for row in rows])
+            for offset in range(len(group)):
+                logger.log_prompt(done + offset, rows[offset * len(methods) : (offset + 1) * len(methods)])
+            done += len(group)
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))

@@ -15,8 +15,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from specdec.metrics import Stats
 from specdec.theory import accepted_length_distribution, walltime_improvement
+
+from .summary import stats_of
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -30,16 +31,9 @@ def save(fig: plt.Figure, path: Path) -> Path:
 
 def position_rates(rows: pd.DataFrame) -> pd.DataFrame:
     """Long table (prompt_id, position, rate): P(position accepted | drafted and reached), per prompt."""
-    records = []
-    for _, row in rows.iterrows():
-        stats = Stats(
-            drafted_at=list(row["drafted_at"]),
-            accepted_at=list(row["accepted_at"]),
-            reached_at=list(row["reached_at"]),
-            accepted_per_round=list(row["accepted_per_round"]),
-        )
-        for i, rate in enumerate(stats.acceptance_by_position):
-            records.append({"prompt_id": row["prompt_id"], "position": i + 1, "rate": rate})
+    records = [{"prompt_id": prompt, "position": i + 1, "rate": rate}
+               for prompt, stats in zip(rows["prompt_id"], stats_of(rows))
+               for i, rate in enumerate(stats.acceptance_by_position)]  # fmt: skip
     return pd.DataFrame(records, columns=["prompt_id", "position", "rate"])
 
 

@@ -29,13 +29,8 @@ class NoLogger:
     def log_prompt(self, index: int, rows: list[dict]) -> None:
         pass
 
-    def log_run(
-        self,
-        metrics: dict[str, float],
-        tables: dict[str, pd.DataFrame],
-        figures: list[Path],
-        histograms: dict[str, list[int]],
-    ) -> None:
+    def log_run(self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path],
+                histograms: dict[str, list[int]]) -> None:
         pass
 
     def finish(self, interrupted: bool = False) -> None:
@@ -77,13 +72,8 @@ class WandbLogger:
         edges = [v - 0.5 for v in range(len(counts) + 1)]
         return self.wandb.Histogram(np_histogram=(counts, edges))
 
-    def log_run(
-        self,
-        metrics: dict[str, float],
-        tables: dict[str, pd.DataFrame],
-        figures: list[Path],
-        histograms: dict[str, list[int]],
-    ) -> None:
+    def log_run(self, metrics: dict[str, float], tables: dict[str, pd.DataFrame], figures: list[Path],
+                histograms: dict[str, list[int]]) -> None:
         """Summary metrics (stable names), tables (e.g. per-prompt rows, sample outputs), figures and
         histograms (counts per integer value, e.g. rounds per chosen k)."""
         self.run.summary.update(metrics)

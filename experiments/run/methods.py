@@ -16,9 +16,8 @@ from specdec.hf import HFOptions, hf_generate
 from specdec.verify.base import AcceptanceRule
 
 from .pair import Pair, Pairs, tree_drafter
-from .runtime import placement
 from .schema import AUTO
-from .settings import ConfigError, Plan, plan_of
+from .settings import ConfigError, Plan, placement, plan_of
 
 
 @dataclass
@@ -32,9 +31,7 @@ class Setup:
     hf: HFOptions
 
     drafter = property(lambda self: self.prepared.drafter)  # the speculative drafter: the pair's, or cfg.tree's
-    batch_drafter = property(lambda self: self.prepared.batch_drafter)  # the one decoding runs with
     acceptance = property(lambda self: self.prepared.acceptance)  # how chains or trees are verified (conf/verify/)
-    rule = property(lambda self: self.prepared.rule)  # k=auto: one rule across the run's prompts; None: a fixed k
 
     def generate(
         self, method: str, ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int, seed: int | None = None,
@@ -63,13 +60,13 @@ class Setup:
 
     def speculative(self, prompts: torch.Tensor | list[torch.Tensor], common: dict) -> Generation:
         """Speculative decoding of one prompt or a batch, chains or trees, with the run's rule or fixed k."""
-        plan = self.plan
+        plan, prepared = self.plan, self.prepared
         if plan.trees:
-            return tree_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.tree_k,
-                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=self.acceptance,
+            return tree_generate(self.pair.target, prepared.batch_drafter, prompts, k=prepared.rule or plan.tree_k,
+                                 max_nodes=plan.max_nodes, phase_times=True, acceptance=prepared.acceptance,
                                  **common)  # fmt: skip
-        return speculative_generate(self.pair.target, self.batch_drafter, prompts, k=self.rule or plan.k,
-                                    phase_times=True, acceptance=self.acceptance, **common)  # fmt: skip
+        return speculative_generate(self.pair.target, prepared.batch_drafter, prompts, k=prepared.rule or plan.k,
+                                    phase_times=True, acceptance=prepared.acceptance, **common)  # fmt: skip
 
 
 def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
@@ -83,7 +80,7 @@ def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
     tree = tree_drafter(cfg, pair, plan.max_nodes) if plan.trees else None
     try:  # refuses what cannot draft for a batch, before any prompt runs
         prepared = prepare_decoding(
-            pair.target, pair.draft_side.drafts, k=None if plan.k == AUTO else plan.k, k_max=plan.k_max,
+            pair.target, pair.drafts, k=None if plan.k == AUTO else plan.k, k_max=plan.k_max,
             sampling=plan.sampling, acceptance=acceptance_of(cfg, plan), tree=tree, max_nodes=plan.max_nodes,
             batch_size=plan.batch_size, threads=pair.threads, speculative="speculative" in plan.methods,
             **placement(cfg),

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import transformers
@@ -27,13 +28,20 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.auto.runtime import put_drafter_on_runtime
 from specdec.auto.setup import Drafts, calibration_ids, prepare_drafts, prepare_target
 from specdec.draft.base import Drafter
-from specdec.runtime.models import check_tokenizers, load_model, load_tokenizer
+from specdec.runtime.models import draft_tokenizer, eos_token_ids, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
 
 from .heads import loaded_candidates, with_target
-from .runtime import placement
 from .schema import AUTO
-from .settings import CONF_DIR, ConfigError, Plan, candidates_of, needs_draft_model, quantization_of
+from .settings import (
+    CONF_DIR,
+    ConfigError,
+    Plan,
+    candidates_of,
+    needs_draft_model,
+    placement,
+    quantization_of,
+)
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
@@ -43,8 +51,7 @@ CONF_MODELS = CONF_DIR / "model"
 LOADER = "specdec.runtime.models.load_model"  # the draft model loader the quantization group applies to
 
 
-@dataclass
-class Target:
+class Target(NamedTuple):
     """The target model as a pair loads it, shared by every pair with the same target settings."""
 
     model: PreTrainedModel
@@ -53,12 +60,11 @@ class Target:
     threads: ThreadChoice | None  # threads=auto: the torch thread count measured fastest, and its probes
 
 
-@dataclass
-class DraftSide:
-    """What drafts: the drafter speculative decoding runs with (a chain drafter) and its draft model, as the library
-    prepared them (a calibrated pair: with its calibration), and how the run describes them."""
+class DraftSide(NamedTuple):
+    """What drafts, as the library prepared it (a calibrated pair: with its calibration), and how the run describes
+    it."""
 
-    drafts: Drafts
+    drafts: Drafts  # the chain drafter speculative decoding runs with, and its draft model
     tokenizer: PreTrainedTokenizerBase | None  # the draft model's (None for n-gram)
     quantization: str  # the draft model's quantization; a calibrated pair: the chosen candidate's name
     description: str  # what drafts, as its config node says (describe)
@@ -66,39 +72,29 @@ class DraftSide:
 
 @dataclass
 class Pair:
-    """Everything a run needs from the models, built once."""
+    """Everything a run needs from the models, built once: a Target's fields, then a DraftSide's."""
 
-    target_side: Target
-    draft_side: DraftSide
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    target_quantization: str
+    threads: ThreadChoice | None
+    drafts: Drafts
+    draft_tokenizer: PreTrainedTokenizerBase | None
+    draft_quantization: str
+    draft: str  # what drafts, as its config node says (describe)
 
-    target = property(lambda self: self.target_side.model)
-    tokenizer = property(lambda self: self.target_side.tokenizer)
-    target_quantization = property(lambda self: self.target_side.quantization)
-    threads = property(lambda self: self.target_side.threads)
-    drafter = property(lambda self: self.draft_side.drafts.drafter)
-    draft_model = property(lambda self: self.draft_side.drafts.model)
-    draft_tokenizer = property(lambda self: self.draft_side.tokenizer)
-    draft_quantization = property(lambda self: self.draft_side.quantization)
-    draft = property(lambda self: self.draft_side.description)
-    calibration = property(lambda self: self.draft_side.drafts.calibration)
+    drafter = property(lambda self: self.drafts.drafter)
+    draft_model = property(lambda self: self.drafts.model)
+    calibration = property(lambda self: self.drafts.calibration)
 
     @property
     def eos_token_id(self) -> list[int]:
-        return eos_ids(self.target, self.tokenizer)
+        return eos_token_ids(self.target, self.tokenizer)
 
     def weights_mb(self, method: str) -> float:
         """Weights the method needs in memory: the target alone, or target and draft model."""
         models = [self.target] if method == "autoregressive" else [self.target, self.draft_model]
         return sum(m.get_memory_footprint() for m in models if m is not None) / 2**20
-
-
-def eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """End-of-sequence ids of the target's generation config and tokenizer."""
-    ids = target.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(ids))
 
 
 def offline_pairs() -> list[str]:
@@ -154,23 +150,12 @@ def draft_quantization(node: DictConfig) -> str:
     return str(model.get("quantization") or "none") if OmegaConf.is_dict(model) else "none"
 
 
-def check_same_tokenizer(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """A draft model of another name (a second model) must share the target's tokenizer; returns its tokenizer."""
-    name = OmegaConf.select(cfg, "model.draft.model.name")  # the draft model's, whatever the pair calls it
-    if name is None or name == cfg.model.target.name:
-        return tokenizer
-    with offline_hint():
-        draft_tokenizer = load_tokenizer(name)
-    check_tokenizers(tokenizer, draft_tokenizer, cfg.model.target.name, name)
-    return draft_tokenizer
-
-
 def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Drafts:
     """Build every candidate of model.draft and let the library calibrate them (specdec.auto.setup.prepare_drafts)."""
     candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,
-                          k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_ids(target, tokenizer),
+                          k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_token_ids(target, tokenizer),
                           seed=plan.seed, **placement(cfg))  # fmt: skip
 
 
@@ -205,8 +190,10 @@ def load_draft(cfg: DictConfig, plan: Plan, target: Callable[[], Target]) -> Dra
     model = getattr(drafter, "model", None)
     put_drafter_on_runtime(drafter, **placement(cfg))
     tokenizer = getattr(drafter, "draft_tokenizer", None)  # a draft with a vocabulary of its own (specdec.draft.cross_vocab)
-    if tokenizer is None and model is not None:
-        tokenizer = check_same_tokenizer(cfg, target().tokenizer)
+    if tokenizer is None and model is not None:  # the draft model's (model.draft.model.name) shares the target's
+        with offline_hint():
+            tokenizer = draft_tokenizer(target().tokenizer, cfg.model.target.name,
+                                        OmegaConf.select(cfg, "model.draft.model.name"))
     return DraftSide(Drafts(drafter, model), tokenizer, draft_quantization(node), describe(node))
 
 
@@ -263,4 +250,4 @@ class Pairs:
         key = pair_key(cfg)
         if key not in self.drafts:
             self.drafts[key] = load_draft(cfg, plan, lambda: self.target(cfg, plan))
-        return Pair(self.target(cfg, plan), self.drafts[key])
+        return Pair(*self.target(cfg, plan), *self.drafts[key])

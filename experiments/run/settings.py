@@ -6,15 +6,16 @@ fails in milliseconds with a ConfigError naming the key and the fix.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 
-import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.runtime.compiled import check_settings
+from specdec.auto.runtime import RuntimeOptions
+from specdec.runtime.models import check_device
 from specdec.sampling import Sampling
 
 from ..records import REPO_ROOT
@@ -28,6 +29,7 @@ AT_LEAST = {  # integer keys and their least value (null passes where the schema
     "warmup_tokens": 1, "seed": 0, "threads": 1, "runtime.capacity": 16, "runtime.window": 0,
     "dataset.n_per_category": 1, "dataset.n_prompts": 1, "hf.num_assistant_tokens": 1, "hf.prompt_lookup": 1,
 }
+RUNTIME_OPTIONS = {field.name for field in fields(RuntimeOptions)}
 NODES = ("model.draft.", "tree.", "verify.", "bench.")  # _target_ nodes: their `model: ???` is the run's to fill
 
 
@@ -59,12 +61,20 @@ def check_bounds(cfg: DictConfig) -> None:
             check_int(value, key, minimum, (AUTO,) if key in ("k", "model.k", "threads") else ())
 
 
-def sampling_of(cfg: DictConfig) -> Sampling:
-    """The library's Sampling from temperature, top_k, top_p (its own checks, re-raised as ConfigError)."""
+@contextmanager
+def library_check(prefix: str = "") -> Iterator[None]:
+    """The library's own check of a value (a ValueError that names the fix), re-raised as a ConfigError; prefix: the
+    config node the library's argument sits in."""
     try:
-        return Sampling(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        yield
     except ValueError as e:
-        raise ConfigError(str(e)) from e
+        raise ConfigError(f"{prefix}{e}") from e
+
+
+def sampling_of(cfg: DictConfig) -> Sampling:
+    """The library's Sampling from temperature, top_k, top_p."""
+    with library_check():
+        return Sampling(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
 
 
 def candidates_of(cfg: DictConfig) -> DictConfig | None:
@@ -95,47 +105,6 @@ def quantization_of(cfg: DictConfig, role: str) -> str:
     """Quantization the quantization group gives the target or a draft model ("none" if it does not apply)."""
     q = cfg.quantization
     return q.mode if q.applies_to in (role, "both") else "none"
-
-
-def check_device(device: str) -> None:
-    """cpu, cuda or cuda:N, and CUDA actually present when asked for."""
-    if device == "cpu":
-        return
-    if not re.fullmatch(r"cuda(:\d+)?", device):
-        raise ConfigError(f"device={device!r} is not supported; choices: cpu, cuda, cuda:N")
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={device} but CUDA is not available here. Run on a GPU machine, or add device=cpu "
-            "dtype=float32 (hub pairs are slow on a CPU), or use an offline pair: model=smollm2"
-        )
-    index = int(device.split(":")[1]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
-
-
-def check_runtime(runtime: DictConfig) -> None:
-    """runtime.widths: a non-empty list of integers >= 1; widths and capacity as the compiled runtime takes them."""
-    if not runtime.widths:
-        raise ConfigError("runtime.widths must be a non-empty list of pass widths >= 1, got []")
-    for width in runtime.widths:
-        check_int(width, "runtime.widths", 1)
-    try:
-        check_settings(tuple(runtime.widths), runtime.capacity)
-    except ValueError as error:
-        raise ConfigError(f"runtime.{error}") from error
-    packed_rows(runtime)
-
-
-def packed_rows(runtime: DictConfig) -> tuple[int, int] | None:
-    """runtime.packed_rows: null, or [first, last] with 1 <= first <= last."""
-    rows = runtime.get("packed_rows")
-    if rows is None:
-        return None
-    if isinstance(rows, (str, int)) or len(rows) != 2:
-        raise ConfigError(f"runtime.packed_rows must be null or [first, last] pass rows, got {rows!r}")
-    check_int(rows[0], "runtime.packed_rows", 1)
-    check_int(rows[1], "runtime.packed_rows", rows[0])
-    return rows[0], rows[1]
 
 
 class ModelUsed(Exception):
@@ -233,14 +202,30 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"hf.assistant needs a draft model, but model={cfg.model.name} has none; use hf=lookup")
     if cfg.dataset.categories is not None and not cfg.dataset.categories:
         raise ConfigError("dataset.categories must be a non-empty list or null, got []")
-    check_device(cfg.device)
-    check_runtime(cfg.runtime)
+    with library_check():
+        check_device(cfg.device)
+    with library_check("runtime."):
+        runtime_options(cfg.runtime)
     if cfg.batch_size > 1 and cfg.method == Method.hf and (cfg.hf.assistant or cfg.hf.prompt_lookup):
         raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
                           "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")
     if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
         raise ConfigError("batch_size > 1 with a tree takes a fixed depth: k='auto' prices one sequence's trees; "
                           "set k to an int, or tree=none for chains with k=auto")
+
+
+def runtime_options(runtime: DictConfig) -> RuntimeOptions:
+    """The library's runtime options from a runtime node (eager's and a bench profile's leave keys out: defaults)."""
+    options = {key: runtime[key] for key in runtime if key in RUNTIME_OPTIONS}
+    for key in ("widths", "packed_rows"):
+        if options.get(key) is not None:
+            options[key] = tuple(options[key])
+    return RuntimeOptions(**options)
+
+
+def placement(cfg: DictConfig) -> dict:
+    """How the library puts a run's models on their runtime (specdec.auto.runtime.put_on_runtime's keywords)."""
+    return {"runtime": runtime_options(cfg.runtime), "device": str(cfg.device), "max_new_tokens": cfg.max_new_tokens}
 
 
 @dataclass(frozen=True)

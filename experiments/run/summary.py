@@ -1,4 +1,5 @@
-"""Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, and summary.md.
+"""Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, what the run chose, and
+summary.md.
 
 Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
 tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
@@ -11,36 +12,34 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pandas as pd
 
-from specdec.metrics import mean, ratio
-from specdec.theory import expected_tokens_per_pass, optimal_k, walltime_improvement
+from specdec.auto.calibration import Calibration
+from specdec.auto.runtime import runtimes_json, runtimes_markdown
+from specdec.markdown import cell, markdown_table
+from specdec.metrics import Stats, ratio, round_statistics, theory_check
+from specdec.runtime.compiled import CompiledForward
+from specdec.runtime.machine import machine_sentence
+from specdec.runtime.probes import ThreadChoice
 
-from ..records import cell, machine_sentence, markdown_table, strict_json
-from .rounds import flatten, round_metrics, rounds_markdown
+from ..records import strict_json, write_json
+from .settings import BASELINE
 
-BASELINE = "autoregressive"
+STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
-    "prompts": "{:.0f}",
-    "new_tokens": "{:.0f}",
-    "latency_s": "{:.2f}",
-    "tokens_per_second": "{:.2f}",
-    "speedup": "{:.2f}",
-    "acceptance_rate": "{:.3f}",
-    "mean_accepted_length": "{:.2f}",
-    "alpha": "{:.3f}",
-    "nll_per_token": "{:.3f}",
-    "agreement": "{:.3f}",
-    "distinct_2": "{:.3f}",
-    "repetition_4": "{:.3f}",
-    "article_log_likelihood": "{:.4f}",
-    "weights_mb": "{:.0f}",
-    "peak_rss_mb": "{:.0f}",
-    "peak_cuda_mb": "{:.0f}",
-}
+    "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
+    "speedup": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
+    "nll_per_token": "{:.3f}", "agreement": "{:.3f}", "distinct_2": "{:.3f}", "repetition_4": "{:.3f}",
+    "article_log_likelihood": "{:.4f}", "weights_mb": "{:.0f}", "peak_rss_mb": "{:.0f}", "peak_cuda_mb": "{:.0f}",
+}  # fmt: skip
+PER_METHOD = {  # run metric <name>/<method> -> its method table column
+    "tokens_per_second": "tokens_per_second", "latency_s": "latency_s", "peak_memory_mb": "peak_rss_mb",
+    "cuda_peak_memory_mb": "peak_cuda_mb", "weights_mb": "weights_mb", "nll_per_token": "nll_per_token",
+    "agreement": "agreement", "distinct_2": "distinct_2", "repetition_4": "repetition_4",
+}  # fmt: skip
 
 
 def wall_seconds(rows: pd.DataFrame) -> float:
@@ -86,34 +85,11 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def theory(rows: pd.DataFrame, k: int) -> dict[str, float]:
-    """Measured c and verify cost, and Thm 3.8's speedup for the measured alpha, c and k (with one pass counted
-    as one step, as the theorem does, and with the measured verify cost).
-
-    c = (draft seconds per round / k) / (seconds per target decode step of the baseline);
-    verify_cost = seconds per verification pass / seconds per baseline step (1 in the theory).
-    """
-    base, spec = rows[rows["method"] == BASELINE], rows[rows["method"] == "speculative"]
-    if base.empty or spec.empty or spec["drafted"].sum() == 0:
-        return {}
-    step = ratio(base["seconds_verify"].sum(), base["target_forwards"].sum())
-    rounds = spec["target_forwards"].sum()
-    c = ratio(spec["seconds_draft"].sum(), rounds) / k / step
-    alpha = ratio(spec["overlap_sum"].sum(), spec["overlap_count"].sum())
-    verify_cost = ratio(spec["seconds_verify"].sum(), rounds) / step
-    produced = [n + 1 for n in flatten(spec["accepted_per_round"])]  # tokens per pass, before end-token cuts
-    return {
-        # Eq. 1 for the measured alpha at each round's draft length (the last rounds draft fewer, within the
-        # budget), against the tokens the rounds produced, with their standard error
-        "predicted_tokens_per_pass": mean([expected_tokens_per_pass(alpha, j) for j in flatten(spec["chosen_k"])]),
-        "produced_tokens_per_pass": mean(produced),
-        "produced_tokens_per_pass_se": statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan,
-        "c": c,
-        "verify_cost": verify_cost,
-        "theoretical_speedup": walltime_improvement(alpha, c, k),
-        "theoretical_speedup_with_verify_cost": walltime_improvement(alpha, c, k, verify_cost),
-        "optimal_k": optimal_k(alpha, c),
-    }
+def stats_of(rows: pd.DataFrame) -> list[Stats]:
+    """The rows' statistics back as the library's Stats (counters, per-round lists, phase seconds)."""
+    return [Stats(**{name: row[name] for name in STATS if name in row},
+                  seconds={key[8:]: v for key, v in row.items() if key.startswith("seconds_") and not pd.isna(v)})
+            for row in rows.to_dict("records")]  # fmt: skip
 
 
 def run_metrics(
@@ -131,26 +107,19 @@ def run_metrics(
             alpha=spec["alpha"],
             speedup=spec["speedup"],
         )
-        if k is not None:
-            metrics.update(theory(rows, k))
+        if k is not None:  # Thm 3.8 against the measured alpha, c and k (specdec.metrics.theory_check)
+            metrics.update(theory_check(stats_of(rows[rows["method"] == BASELINE]),
+                                        stats_of(rows[rows["method"] == "speculative"]), k))
     if "naive" in table.index:
         metrics["speedup/naive"] = table.loc["naive", "speedup"]
         metrics["article_log_likelihood"] = table.loc["naive", "article_log_likelihood"]
     for method, row in table.iterrows():
-        metrics[f"tokens_per_second/{method}"] = row["tokens_per_second"]
-        metrics[f"latency_s/{method}"] = row["latency_s"]
-        metrics[f"peak_memory_mb/{method}"] = row["peak_rss_mb"]
-        metrics[f"cuda_peak_memory_mb/{method}"] = row["peak_cuda_mb"]
-        metrics[f"weights_mb/{method}"] = row["weights_mb"]
-        metrics[f"nll_per_token/{method}"] = row["nll_per_token"]
-        metrics[f"agreement/{method}"] = row["agreement"]
-        metrics[f"distinct_2/{method}"] = row["distinct_2"]
-        metrics[f"repetition_4/{method}"] = row["repetition_4"]
+        metrics.update({f"{name}/{method}": row[column] for name, column in PER_METHOD.items()})
     for method in ("autoregressive", "speculative"):
         if method in table.index:
             done = rows[rows["method"] == method]
             metrics[f"tokens_per_pass/{method}"] = ratio(done["emitted"].sum(), done["target_forwards"].sum())
-    rounds, histograms = round_metrics(rows, longest)
+    rounds, histograms = round_statistics(stats_of(rows[rows["method"] == "speculative"]), longest)
     metrics.update(rounds)
     return {key: float(value) for key, value in metrics.items()}, histograms
 
@@ -183,6 +152,58 @@ def method_markdown(table: pd.DataFrame) -> str:
     return markdown_table(["method", *columns], rows)
 
 
+def listed_shares(metrics: dict[str, float], prefix: str, unit: str = "") -> str:
+    """The shares of one prefix as a sentence's list, largest first ("dynamic_int8 60%, nf4 8%")."""
+    found = {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith(prefix + "/")}
+    return ", ".join(f"{name}{unit} {100 * v:.0f}%" for name, v in sorted(found.items(), key=lambda x: -x[1]))
+
+
+def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]]) -> str:
+    """What the speculative rounds did, in sentences (empty when the method did not run)."""
+    if "rounds" not in metrics:
+        return ""
+
+    def listed(name: str) -> str:
+        return ", ".join(f"{value}: {n}" for value, n in enumerate(histograms[name]))
+
+    passes = (
+        f"Speculative rounds (target passes): {metrics['rounds']:.0f}, "
+        f"{metrics['tokens_per_pass/speculative']:.2f} tokens per target pass "
+        f"(target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f})."
+    )
+    depth = (
+        f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
+        f"rounds by depth {listed('accepted_depth')}."
+    )
+    lines = [passes, depth]
+    if "chosen_k" in histograms:
+        lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
+        lines.append(
+            f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the last "
+            "round of a budget, where no draft token fits, included)."
+        )
+    threads, drafts = listed_shares(metrics, "threads_share", " threads"), listed_shares(metrics, "draft_share")
+    if threads:
+        lines.append(f"Torch thread count chosen each round (threads=auto): {threads} of the rounds.")
+    if drafts:
+        lines.append(
+            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} of "
+            "the rounds (figures/decisions.png: the choices over the run)."
+        )
+    if "tree_nodes_mean" in metrics:
+        lines.append(
+            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, "
+            f"depth {metrics['tree_depth_mean']:.2f}."
+        )
+    if "predicted_tokens_per_second" in metrics:
+        lines.append(
+            f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
+            f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
+            f"(ratio {metrics['predicted_over_measured']:.2f})."
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def write_summary(
     run_dir: Path,
     keys: dict,
@@ -209,7 +230,7 @@ def write_summary(
         f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
         f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
     )
-    choices = {}  # threads=auto's choice and the calibrated draft's, and why (written by pair.write_calibration)
+    choices = {}  # threads=auto's choice, the calibrated draft's and the compiled runtime's, and why (write_choices)
     for name in ("threads", "calibration", "runtime"):
         if (run_dir / f"{name}.json").exists():
             text += f"\n{(run_dir / f'{name}.md').read_text()}"
@@ -226,3 +247,21 @@ def write_summary(
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text
+
+
+def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Calibration | None) -> None:
+    """threads.md / .json when threads=auto chose the thread count; calibration.md / .json when the pair's draft was
+    calibrated (write_summary joins them to summary.md and summary.json)."""
+    if threads is not None:
+        (run_dir / "threads.md").write_text(threads.markdown())
+        write_json(run_dir / "threads.json", asdict(threads))
+    if calibration is not None:
+        (run_dir / "calibration.md").write_text(calibration.markdown())
+        write_json(run_dir / "calibration.json", calibration.to_json())
+
+
+def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
+    """runtime.md / .json when models ran on the compiled runtime (after the run: graphs compile at first use)."""
+    if runtimes:
+        (run_dir / "runtime.md").write_text(runtimes_markdown(runtimes))
+        write_json(run_dir / "runtime.json", runtimes_json(runtimes))

@@ -7,10 +7,14 @@ target step.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from .theory import expected_tokens_per_pass, optimal_k, walltime_improvement
 
 
 @dataclass
@@ -216,6 +220,44 @@ def round_statistics(generations: Sequence[Stats], longest: int = 0) -> tuple[di
         metrics["predicted_over_measured"] = ratio(metrics["predicted_tokens_per_second"],
                                                    metrics["measured_tokens_per_second"])  # fmt: skip
     return metrics, histograms
+
+
+def theory_check(baseline: Sequence[Stats], speculative: Sequence[Stats], k: int) -> dict[str, float]:
+    """Leviathan's Thm 3.8 against a run at a fixed k: the measured c and verify cost, and the speedup the theorem
+    predicts for the measured alpha, c and k (one pass counted as one step, as the theorem does, and with the measured
+    verify cost); Eq. 1's tokens per pass against those the rounds produced. {} without speculative rounds.
+
+    c = (draft seconds per round / k) / (seconds per target decode step of the baseline);
+    verify_cost = seconds per verification pass / seconds per baseline step (1 in the theory).
+    """
+    if not baseline or not speculative or sum(s.drafted for s in speculative) == 0:
+        return {}
+
+    def total(generations: Sequence[Stats], name: str) -> float:
+        return sum(getattr(s, name) for s in generations)
+
+    def seconds(generations: Sequence[Stats], phase: str) -> float:
+        return sum(s.seconds.get(phase, 0.0) for s in generations)
+
+    step = ratio(seconds(baseline, "verify"), total(baseline, "target_forwards"))
+    rounds = total(speculative, "target_forwards")
+    c = ratio(seconds(speculative, "draft"), rounds) / k / step
+    alpha = ratio(total(speculative, "overlap_sum"), total(speculative, "overlap_count"))
+    verify_cost = ratio(seconds(speculative, "verify"), rounds) / step
+    produced = [n + 1 for s in speculative for n in s.accepted_per_round]  # tokens per pass, before end-token cuts
+    error = statistics.stdev(produced) / math.sqrt(len(produced)) if len(produced) > 1 else math.nan
+    return {
+        # Eq. 1 for the measured alpha at each round's draft length (the last rounds draft fewer, within the
+        # budget), against the tokens the rounds produced, with their standard error
+        "predicted_tokens_per_pass": mean([expected_tokens_per_pass(alpha, j) for s in speculative for j in s.chosen_k]),
+        "produced_tokens_per_pass": mean(produced),
+        "produced_tokens_per_pass_se": error,
+        "c": c,
+        "verify_cost": verify_cost,
+        "theoretical_speedup": walltime_improvement(alpha, c, k),
+        "theoretical_speedup_with_verify_cost": walltime_improvement(alpha, c, k, verify_cost),
+        "optimal_k": optimal_k(alpha, c),
+    }
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -55,3 +55,16 @@ def repetition_rate(tokens: list[int], n: int = 4) -> float:
         return float("nan")
     repeats = sum(c - 1 for c in Counter(grams).values())
     return repeats / len(grams)
+
+
+def output_quality(target: PreTrainedModel, prompt_ids: torch.Tensor, tokens: torch.Tensor,
+                   reference: torch.Tensor | None = None) -> dict[str, float | None]:
+    """An output's quality: the target's NLL per token, agreement with the target's greedy output (reference; None
+    without one), and diversity. prompt_ids (1, L), tokens and reference (n,)."""
+    as_list = tokens.tolist()
+    return {
+        "nll": negative_log_likelihood(target, prompt_ids, tokens),
+        "agreement": None if reference is None else agreement(tokens, reference),
+        "distinct_2": distinct_n(as_list, 2),
+        "repetition_4": repetition_rate(as_list, 4),
+    }

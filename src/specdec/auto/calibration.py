@@ -43,6 +43,7 @@ from ..decoding import speculative_generate
 from ..draft.base import Drafter
 from ..draft.head_drafter import HeadDrafter
 from ..draft.model import ModelDrafter
+from ..markdown import cell, markdown_table
 from ..runtime.cached import CachedLM, logits_width
 from ..runtime.probes import pass_tokens, timed_step
 from ..runtime.timing import interleaved_samples
@@ -191,6 +192,26 @@ class Calibration:
 
     def rows(self) -> list[dict[str, object]]:
         return [asdict(r) for r in self.results]
+
+    def to_json(self) -> dict[str, object]:
+        return {"chosen": self.chosen, "reason": self.reason, "target_step_ms": self.step_ms, "candidates": self.rows()}
+
+    def markdown(self) -> str:
+        """Which draft the calibration chose and why: each candidate's measured c, alpha, predicted speedup."""
+        rows = [
+            [r.name, cell(r.draft_ms, "{:.1f}"), cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
+             cell(r.pass_cost, "{:.2f}"), cell(r.speedup, "{:.2f}"), str(r.best_k),
+             cell(r.best_speedup, "{:.2f}")]
+            for r in self.results
+        ]  # fmt: skip
+        header = ["candidate", "draft ms", "c", "alpha", "k", "pass cost", "predicted speedup", "best k",
+                  "at best k"]  # fmt: skip
+        return (
+            f"Draft calibration (model.draft.candidates; target step {self.step_ms:.1f} ms; c per "
+            "draft token, per lookup call for ngram; pass cost = one verification pass over k+1 tokens in "
+            "target steps; speedup by Leviathan's Thm 3.8 with that pass cost):\n\n"
+            f"{markdown_table(header, rows)}\n\nChosen draft: {self.reason}\n"
+        )
 
 
 def evaluate(

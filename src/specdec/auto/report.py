@@ -10,9 +10,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Report:
-    """The lines of one setup (specdec.auto.setup), also logged at INFO as they are said."""
+    """The lines of one setup (specdec.auto.setup), also logged at INFO as they are said, and the machine they were
+    measured on (specdec.runtime.machine.machine)."""
 
     lines: list[str] = field(default_factory=list)
+    machine: dict[str, object] = field(default_factory=dict)
 
     def say(self, message: str, *args: object) -> None:
         line = message % args if args else message

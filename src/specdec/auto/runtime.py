@@ -12,7 +12,16 @@ from transformers import PreTrainedModel
 
 from ..draft.head_runtime import compile_head
 from ..draft.switch import DraftSwitch
-from ..runtime.compiled import CAPACITY, WIDTHS, WINDOW, CompiledForward, compile_model, compiled_forward
+from ..markdown import cell, markdown_table
+from ..runtime.compiled import (
+    CAPACITY,
+    WIDTHS,
+    WINDOW,
+    CompiledForward,
+    check_settings,
+    compile_model,
+    compiled_forward,
+)
 from ..runtime.packed import PackedInt8Linear, row_cost
 from ..runtime.probes import build_graphs, time_buckets
 from ..runtime.study import weight_bytes
@@ -39,6 +48,20 @@ class RuntimeOptions:
     window: int = WINDOW
     drafts: bool = False  # draft models run compiled too (a packed int8 copy does whatever this says)
     heads: bool = True  # a trained draft head's forward runs compiled too
+
+    def __post_init__(self) -> None:
+        """Settings the compiled runtime can take; a ValueError naming the field and the fix otherwise."""
+        if not self.widths:
+            raise ValueError("widths must be a non-empty list of pass widths >= 1, got []")
+        if small := [w for w in self.widths if w < 1]:
+            raise ValueError(f"widths must be an integer >= 1, got {small[0]!r}")
+        check_settings(tuple(self.widths), self.capacity)
+        rows = self.packed_rows
+        if rows is not None and len(rows) != 2:
+            raise ValueError(f"packed_rows must be null or [first, last] pass rows, got {list(rows)!r}")
+        if rows is not None and not 1 <= rows[0] <= rows[1]:
+            least, value = (1, rows[0]) if rows[0] < 1 else rows
+            raise ValueError(f"packed_rows must be an integer >= {least}, got {value!r}")
 
     def compile_settings(self) -> dict:
         """compile_model's keyword arguments."""
@@ -157,3 +180,37 @@ def compiled_runtimes(target: PreTrainedModel, drafter: object) -> dict[str, Com
     models = {"target": target} | {f"draft {name}".strip(): d.model for name, d in members.items()
                                     if getattr(d, "model", None) is not None}
     return {role: runtime for role, model in models.items() if (runtime := compiled_forward(model)) is not None}
+
+
+def cuda_graphs(runtime: CompiledForward) -> dict | None:
+    """On a GPU: how many passes were recorded as CUDA graphs and replayed (specdec.runtime.graphs); else None."""
+    graphs = runtime.graphs
+    return graphs and {"recorded": graphs.recorded, "replayed": graphs.replayed, "failed": graphs.failed}
+
+
+def runtimes_markdown(runtimes: dict[str, CompiledForward]) -> str:
+    """Per model (compiled_runtimes), its graphs' compile seconds, whether inductor's disk cache held them, or why the
+    model runs eager, and the ms of a pass in each width bucket as timed at load (a pass pads to the cheapest). A
+    graph for every width up to the widest (dynamic_width) shows as rows x 1-widest."""
+    rows = []
+    for role, runtime in runtimes.items():
+        r = runtime.record
+        cache = ("warm" if r.warm else f"{r.cache_hits} loaded, {r.cache_misses} compiled, {r.cache_bypassed} "
+                 "compiled and refused by the disk cache")
+        shapes = ", ".join(f"{rows}x{'1-' * runtime.dynamic_width}{width}" for rows, width in r.seconds)
+        timed = ", ".join(f"{w}: {ms:.1f}" for w, ms in runtime.pass_ms.items()) or "-"
+        rows.append([role, r.eager_reason and f"eager ({r.eager_reason})" or "compiled", shapes or "-",
+                     cell(r.total_seconds, "{:.1f}"), "-" if r.eager_reason else cache, timed])
+    header = ["model", "runs", "graphs (rows x width)", "compile s", "inductor disk cache", "pass ms by bucket"]
+    notes = "".join(f"\n{role}: CUDA graphs, {g['recorded']} passes recorded, {g['replayed']} replayed"
+                    + (f" (recording stopped: {g['failed']})" if g["failed"] else "") + "\n"
+                    for role, runtime in runtimes.items() if (g := cuda_graphs(runtime)))
+    return f"Runtime: compiled (specdec.runtime.compiled).\n\n{markdown_table(header, rows)}\n{notes}"
+
+
+def runtimes_json(runtimes: dict[str, CompiledForward]) -> dict[str, dict]:
+    """compiled_runtimes as plain data: each model's compile record, buckets and timed passes."""
+    return {role: {**asdict(r.record), "seconds": {f"{b}x{w}": s for (b, w), s in r.record.seconds.items()},
+                   "total_seconds": r.record.total_seconds, "warm": r.record.warm, "widths": list(r.widths),
+                   "dynamic_width": r.dynamic_width, "pass_ms": r.pass_ms, "cuda_graphs": cuda_graphs(r)}
+            for role, r in runtimes.items()}

@@ -28,6 +28,7 @@ from ..choose.threads import OnlineThreadChoice
 from ..draft.base import Drafter, check_rows
 from ..draft.switch import DraftSwitch
 from ..runtime.compiled import runs_compiled
+from ..runtime.machine import machine
 from ..runtime.models import encode_prompt
 from ..runtime.probes import ThreadChoice
 from ..sampling import GREEDY, Sampling
@@ -210,7 +211,7 @@ def prepare(target: PreTrainedModel, drafters: Drafter | Mapping[str, Drafter], 
     drafters: one drafter, or candidates by name (calibrated on prompt_ids (1, L), e.g. calibration_ids). k: the
     draft length, None for k=auto. threads: a count, "auto", or None (as it is). tree: a tree drafter to speculate
     with instead of the chain drafter."""
-    report = Report()
+    report = Report(machine=machine(device))
     places = {"runtime": runtime, "device": device, "max_new_tokens": max_new_tokens, "report": report}
     choice = prepare_target(target, prompt_ids, threads=threads, k=k, **places)
     drafts = prepare_drafts(target, drafters, prompt_ids, k=k, k_max=k_max, sampling=sampling,

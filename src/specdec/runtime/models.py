@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import warnings
 
 import torch
@@ -59,6 +60,31 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
         bnb_4bit_compute_dtype=compute_dtype,
         bnb_4bit_use_double_quant=False,
     )
+
+
+def check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, and CUDA actually present when asked for; a ValueError naming the fix otherwise."""
+    if device == "cpu":
+        return
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"device={device!r} is not supported; choices: cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device} but CUDA is not available here. Run on a GPU machine, or add device=cpu "
+            "dtype=float32 (hub pairs are slow on a CPU), or use an offline pair: model=smollm2"
+        )
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """End-of-sequence ids of the model's generation config and its tokenizer."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
 
 
 def load_model(
@@ -187,6 +213,16 @@ def check_tokenizers(
             f"the tokenizers of {target_name!r} ({len(target)} tokens) and {draft_name!r} ({len(draft)} tokens) "
             "differ; speculative decoding needs a draft from the same model family with the same tokenizer"
         )
+
+
+def draft_tokenizer(target: PreTrainedTokenizerBase, target_name: str, draft_name: str | None) -> PreTrainedTokenizerBase:
+    """A draft model's tokenizer: the target's for a copy of the target (draft_name None or the target's), else the
+    draft model's own, which must share the target's vocabulary (check_tokenizers)."""
+    if draft_name is None or draft_name == target_name:
+        return target
+    tokenizer = load_tokenizer(draft_name)
+    check_tokenizers(target, tokenizer, target_name, draft_name)
+    return tokenizer
 
 
 def layer_truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:

@@ -52,6 +52,15 @@ class ThreadChoice:
     width: int
     prompt_tokens: int
 
+    def markdown(self) -> str:
+        """One line: the thread count threads=auto chose and what each count measured."""
+        probes = ", ".join(f"{n}: {ms:.1f}" for n, ms in self.probe_ms.items())
+        return (
+            f"Torch threads: threads=auto chose {self.threads} (median ms of one target step, one "
+            f"{self.width}-token pass and one {self.prompt_tokens}-token prompt pass, by thread count: {probes}; "
+            "interleaved, under this machine's load).\n"
+        )
+
 
 @torch.inference_mode()
 def choose_threads(

@@ -1,0 +1,28 @@
+"""What a number ran on (specdec.runtime.machine), peak memory, and the markdown tables records print with."""
+
+import torch
+
+from specdec.markdown import cell, markdown_table
+from specdec.runtime.machine import flags_present, machine, machine_label, machine_sentence, peak_memory
+
+
+def test_the_machine_record_names_the_device_the_cpu_flags_and_the_load():
+    info = machine("cpu")
+    assert info["device"] == "cpu" and info["cpu"]["model"] and info["packages"]["torch"] == torch.__version__
+    assert "git_commit" not in info  # the repository's commit is the apps' to add (experiments.records.machine)
+    fake = {**info, "cpu": {**info["cpu"], "flags": {"avx2": True, "avx512f": False}}, "load_average": [2.5, 1, 1]}
+    assert flags_present(fake) == "avx2" and machine_label(fake).endswith("; avx2")
+    assert machine_sentence(fake).startswith(f"Machine: {info['device_name']}; CPU flags: avx2")
+    assert "load average 2.5" in machine_sentence(fake)
+
+
+def test_peak_memory_covers_what_the_block_allocates():
+    with peak_memory("cpu") as peak:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MB
+    assert peak.rss_mb >= block.numel() * 4 / 2**20 and peak.cuda_mb != peak.cuda_mb  # NaN off CUDA
+
+
+def test_markdown_cells_and_tables():
+    assert (cell(float("nan")), cell(None), cell(0.5, "{:.1f}"), cell(3)) == ("-", "-", "0.5", "3")
+    assert markdown_table(["x", "y"], [["a", 0.5], ["b", None]]).splitlines() == ["| x | y |", "|---|---|",
+                                                                                  "| a | 0.500 |", "| b | - |"]
