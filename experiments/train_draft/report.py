@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.draft.head_store import META
+
 from ..records import markdown_table
-from . import store
 
 COLUMNS = ("step", "tokens", "loss", "alpha", "greedy_match", "answer_alpha", "answer_greedy_match", "seconds")
 MEASURES = ("alpha", "greedy_match", "answer_alpha", "answer_greedy_match")  # answer_*: on the answers' positions
@@ -37,7 +38,7 @@ def plot_curve(curve: list[dict], path: Path) -> None:
 
 def write_report(run_dir: Path, folder: Path) -> None:
     """head.md (where the head is, its record and its curve) and learning_curve.png in the run folder."""
-    meta = json.loads((folder / store.META).read_text())
+    meta = json.loads((folder / META).read_text())
     curve = json.loads((folder / "curve.json").read_text())
     teacher = meta["teacher"]
     lines = [
