@@ -206,24 +206,3 @@ def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
     assert "cross_vocab_vs_hf_uag" not in keys
     same_vocabulary = other_ratios(f, {"settings": {**settings, "draft": "ModelDrafter(model=load_model(...))"}})
     assert "cross_vocab_vs_target_only" not in same_vocabulary
-
-
-@pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py
-def test_the_runtime_study_starts_from_the_eager_model():
-    """bench=runtime's eager profile times the eager forward even where the bench loaded the target on the compiled
-    runtime (runtime=auto does for a real-sized target on an AVX-512 CPU): no graph is built while it runs."""
-    from omegaconf import OmegaConf
-
-    from experiments.bench.runtime import run_runtime_study
-    from specdec.runtime.compiled import compile_model, compiled_forward
-    from specdec.runtime.inductor import graphs_built
-    from specdec.runtime.tiny import tiny_model
-
-    model = tiny_model("llama", seed=0)
-    compile_model(model, widths=(4,), capacity=64, dynamic_width=True)  # as loaded; nothing compiles before a pass
-    study = OmegaConf.create({"profiles": {"eager": {"name": "eager"}}, "max_width": 2, "repeats": 1,
-                              "report": "eager"})
-    graphs = graphs_built()
-    result = run_runtime_study(model, [torch.arange(1, 13)[None]], study, n=4, eos=[], log=lambda line: None)
-    assert graphs_built() == graphs and compiled_forward(model) is None
-    assert set(result["profiles"]["eager"]["pass_cost"]) == {1, 2}

@@ -1,20 +1,33 @@
 """What a target pass costs on this machine: against its width and context, against one read of the weights (the
-memory bound), eager and compiled; and the clock inside each model's forward during a whole generation. The
-measurements behind `python -m experiments.bench` (its costs) and `bench=runtime` (the runtime study); the
-interleaved timings go through specdec.runtime.timing's one loop."""
+memory bound), eager and compiled (the runtime study); and the clock inside each model's forward during a whole
+generation. The measurements behind `python -m experiments.bench` (its costs) and `bench=runtime` (the runtime
+study); the interleaved timings go through specdec.runtime.timing's one loop.
+
+The runtime study, for each runtime profile on the target, in one process, so that every ratio compares timings of
+one machine and load:
+- the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
+  in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
+- the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
+  step (widths above the largest bucket run eager on the slot cache);
+- the step against the memory bound: the ms to read the weights once, a `sum` over as many bytes, timed in the same
+  rounds as the passes (each round one read and one pass of each width);
+- the compiled logits against the eager ones on every prompt (largest absolute difference);
+- end to end, greedy: the given loops (the caller's target-only loop and prompt lookup), tokens per second, outputs
+  checked against the first loop's eager outputs of the same weights, next to Hugging Face's plain generate."""
 
 from __future__ import annotations
 
 import copy
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .compiled import CompiledForward, compile_model, compiled_forward
+from .compiled import CompiledForward, compile_model, compiled_forward, eager_model
 from .models import DTYPES
 from .probes import forward_ms, pass_tokens, timed_step
 from .timing import interleaved_samples
@@ -120,6 +133,100 @@ def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     if dtype not in DTYPES:
         raise ValueError(f"runtime profile dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
+
+
+Loop = Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]  # (model, prompt ids (1, L)) -> new tokens (n,)
+
+
+@dataclass
+class RuntimeProfile:
+    """One runtime of the study: its settings as configured (recorded), the dtype of the weights it runs (None: the
+    model's; another: a copy in it) and compile_model's keywords (None: eager)."""
+
+    settings: dict = field(default_factory=dict)
+    dtype: str | None = None
+    compile: dict | None = None
+
+
+def tokens_per_second(generate: Callable[[torch.Tensor], torch.Tensor], prompts: list[torch.Tensor]
+                      ) -> tuple[float, list[torch.Tensor]]:
+    """Generated tokens over seconds, summed over the prompts; the outputs."""
+    outputs, seconds = [], 0.0
+    for ids in prompts:
+        start = time.perf_counter()
+        outputs.append(generate(ids))
+        seconds += time.perf_counter() - start
+    return sum(o.numel() for o in outputs) / seconds, outputs
+
+
+def end_to_end(model: PreTrainedModel, prompts: list[torch.Tensor], loops: Mapping[str, Loop]
+               ) -> tuple[dict[str, float], dict[str, list[torch.Tensor]]]:
+    """Tokens/s of each loop over the prompts (after a warm-up on a short prefix), and their outputs."""
+    rates, outputs = {}, {}
+    for loop in loops.values():  # warm-up
+        loop(model, prompts[0][:, :8])
+    for name, loop in loops.items():
+        rates[f"{name}_tokens_per_s"], outputs[name] = tokens_per_second(lambda ids, f=loop: f(model, ids), prompts)
+    return rates, outputs
+
+
+def hf_plain(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: list[int]) -> float:
+    """Tokens/s of Hugging Face's greedy generate over the prompts."""
+    def generate(ids):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos or None, pad_token_id=(eos or [0])[0])
+        return out[0, ids.shape[-1]:]
+
+    generate(prompts[0][:, :8])
+    return tokens_per_second(generate, prompts)[0]
+
+
+def runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], profiles: Mapping[str, RuntimeProfile],
+                  loops: Mapping[str, Loop], *, max_width: int, repeats: int, n: int, eos: list[int],
+                  log: Callable[[str], None] = lambda line: None) -> dict:
+    """The runtime study (module docstring) on model over prompts (1, L_i). A profile with a `dtype` runs on a copy of
+    the model in that dtype, against its own memory bound, and its outputs are checked against the first profile of
+    the same dtype (the same weights). The model starts eager, whatever runtime it was loaded on."""
+    eager_model(model)
+    torch._dynamo.reset()
+    bound_ms, gbps = memory_bound_ms(model)
+    log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
+    result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
+                    "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
+    models, eager_logits, references = {}, {}, {}
+    for name, profile in profiles.items():
+        dtype = profile.dtype or str(model.dtype).removeprefix("torch.")
+        if dtype not in models:  # the weights, and their eager logits (before anything compiles them)
+            models[dtype] = weights_in(model, dtype)
+            eager_logits[dtype] = [last_logits(models[dtype], ids) for ids in prompts]
+        entry, outputs = run_profile(models[dtype], prompts, profile, loops, eager_logits[dtype], max_width, repeats)
+        reference = references.setdefault(dtype, next(iter(outputs.values())))
+        entry["outputs_equal_eager_target_only"] = all(
+            torch.equal(a, b) for key in outputs for a, b in zip(outputs[key], reference))
+        result["profiles"][name] = entry
+        log(f"{name}: step {entry['pass_ms'][1]:.1f} ms, pass cost "
+            + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items()) + "; "
+            + ", ".join(f"{key} {entry[f'{key}_tokens_per_s']:.1f} tok/s" for key in loops))
+    return result
+
+
+def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: RuntimeProfile,
+                loops: Mapping[str, Loop], eager_logits: list[torch.Tensor], max_width: int, repeats: int
+                ) -> tuple[dict, dict]:
+    """One profile's figures (compile, logits against these weights' eager ones, pass costs, step against the
+    memory bound of these weights, end to end) and its outputs; the model is eager again afterwards."""
+    prefix, widths = prompts[0], list(range(1, max_width + 1))
+    entry: dict = {"settings": profile.settings, "dtype": str(model.dtype).removeprefix("torch.")}
+    if profile.compile is not None:
+        entry["compile"] = compile_seconds(model, prefix, **profile.compile)
+        entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
+    ms, bound_ms = pass_ms(model, prefix, widths, repeats)
+    entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,
+              "step_vs_memory_bound": ms[1] / bound_ms}
+    rates, outputs = end_to_end(model, prompts, loops)
+    eager_model(model)
+    torch._dynamo.reset()
+    return entry | rates, outputs
 
 
 class ForwardClock:
