@@ -11,8 +11,8 @@ from test_bench import ROOT, TINY
 from experiments.bench.figures import pooled_stats
 from experiments.bench.goals import goal_entries
 from experiments.bench.ratios import check_identical
-from experiments.bench.schedule import interleaved
 from experiments.records import machine, machine_sentence, markdown_table, strict_json
+from specdec.runtime.study import interleaved
 
 
 def test_unknown_contender_is_refused():

@@ -37,7 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
-from specdec.runtime.study import ForwardClock, pass_costs
+from specdec.runtime.study import ClockedRun, ForwardClock, clocked, interleaved, pass_costs
 
 from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
@@ -49,20 +49,19 @@ from .figures import contender_figures
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import output_check, pairwise, ratios
-from .schedule import Run, clocked, interleaved
 from .table import bench_table
 
 
 def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
             max_new_tokens: int, repetitions: int, seed: int, failures: Failures, out: Path | None,
-            log: Callable[[str], None]) -> dict[str, dict[str, list[Run]]]:  # fmt: skip
+            log: Callable[[str], None]) -> dict[str, dict[str, list[ClockedRun]]]:  # fmt: skip
     """One warm-up per contender (excluded), then the interleaved repetitions; a contender that raises is recorded
     in failures and runs no more. Each contender's figures go to out/contenders/<name>.json once it has run
     everything. Returns the runs of the contenders that finished, by prompt."""
     names = list(contenders)
     for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
         failures.attempt(c.name, "warm-up", c.run, ids[prompts[0].id], min(8, max_new_tokens), seed)
-    runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
+    runs: dict[str, dict[str, list[ClockedRun]]] = {name: {p.id: [] for p in prompts} for name in names}
     left = dict.fromkeys(names, len(prompts) * repetitions)
     for rep, prompt, name in interleaved(names, prompts, repetitions):
         run = failures.attempt(name, "run", clocked, clock, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)

@@ -11,6 +11,7 @@ A ConfigError is never caught: a contender that cannot be configured fails the b
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,13 +20,36 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig
 
+from specdec import Generation
+
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
 from ..run.settings import ConfigError, check_choice, check_int
-from .schedule import Output, output_of
 
 DEFAULT = "default"  # the default run's own configuration: always a contender
 T = TypeVar("T")
+
+
+@dataclass
+class Output:
+    tokens: torch.Tensor  # (n,) new tokens
+    stats: dict | None = None  # our Stats summary; None for Hugging Face's loops
+
+
+def output_of(g: Generation, ours: bool) -> Output:
+    """A contender's output; our loops add their Stats summary, with the per-round lists as totals (chosen
+    draft lengths for k="auto", drafting rounds per candidate of an online draft choice, tree sizes)."""
+    if not ours:
+        return Output(g.tokens)
+    summary = g.stats.summary()
+    summary.update(
+        chosen_k_histogram=g.stats.chosen_k_histogram,
+        draft_rounds=dict(Counter(d for d in g.stats.chosen_draft if d)),
+        tree_rounds=len(g.stats.tree_nodes),
+        tree_nodes_sum=sum(g.stats.tree_nodes),
+        tree_depth_sum=sum(g.stats.tree_depths),
+    )
+    return Output(g.tokens, summary)
 
 
 @dataclass

@@ -6,8 +6,9 @@ import math
 import statistics
 from collections import Counter
 
+from specdec.runtime.study import ClockedRun
+
 from ..run.prompts import Prompt
-from .schedule import Run
 
 
 def spread(values: list[float]) -> dict:
@@ -58,7 +59,7 @@ def pooled_stats(stats: list[dict]) -> dict:
     }
 
 
-def contender_figures(per_prompt: dict[str, list[Run]], prompts: list[Prompt]) -> dict:
+def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Prompt]) -> dict:
     """Throughput per repetition (prompts pooled), per category, per prompt; forwards; our stats pooled."""
     reps = len(next(iter(per_prompt.values())))
     runs = [r for rs in per_prompt.values() for r in rs]

@@ -10,15 +10,14 @@ copy.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
+from specdec.draft.head_store import training_record
+from specdec.runtime.study import ClockedRun
 from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
 
 from .figures import decode_rate, geomean
-from .schedule import Run
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
@@ -244,7 +243,7 @@ def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:
             for key, (a, b) in pairs.items() if a in contenders and b in contenders}  # fmt: skip
 
 
-def output_check(runs: dict[str, dict[str, list[Run]]], sampling: Sampling, reference: str) -> dict:
+def output_check(runs: dict[str, dict[str, list[ClockedRun]]], sampling: Sampling, reference: str) -> dict:
     """Greedy: every contender's first output per prompt against the reference's; sampling: skipped, said why."""
     names = list(runs)
     if not sampling.greedy:
@@ -294,13 +293,3 @@ def head_ratios(f, result: dict) -> dict[str, float]:
         "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
         f"{model}_head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
     }
-
-
-def training_record(folder: str | None) -> dict | None:
-    """How the head was trained (its meta.json): the folder, data, tokens, steps, minutes, final acceptance."""
-    if folder is None or not (Path(folder) / "meta.json").is_file():
-        return None
-    meta = json.loads((Path(folder) / "meta.json").read_text())
-    keep = ("teacher", "steps", "training_seconds", "training_chunks", "validation_chunks", "final")
-    return {"folder": folder, "head": meta["settings"]["head"], "train": meta["settings"]["train"],
-            "data": meta["settings"]["data"], **{k: meta[k] for k in keep}}

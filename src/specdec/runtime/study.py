@@ -20,8 +20,10 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
@@ -30,7 +32,7 @@ from .cached import CachedLM
 from .compiled import CompiledForward, compile_model, compiled_forward, eager_model
 from .models import DTYPES
 from .probes import forward_ms, pass_tokens, timed_step
-from .timing import interleaved_samples
+from .timing import interleaved_samples, stopwatch
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -285,3 +287,169 @@ class ForwardClock:
             else:
                 delattr(runtime, attr)
         self.wrapped = []
+
+
+@dataclass
+class ClockedRun:
+    """One call of a loop on one input: new tokens, wall seconds, the loop's statistics (a summary; None for Hugging
+    Face's loops), and the seconds and calls inside each model (a ForwardClock's)."""
+
+    tokens: list[int]
+    seconds: float
+    stats: dict | None = None
+    model_seconds: dict[str, float] = field(default_factory=dict)
+    model_calls: dict[str, int] = field(default_factory=dict)
+
+
+def clocked(clock: ForwardClock | None, fn: Callable, ids: torch.Tensor, n: int, seed: int) -> ClockedRun:
+    """Wall time of fn(ids, n, seed), an output with .tokens (n,) and .stats (CUDA synchronized by the stopwatch),
+    with the seconds and calls inside each of the clock's models during the call (no clock: none)."""
+    if clock is not None:
+        clock.reset()
+    wall: dict[str, float] = {}
+    with stopwatch(wall, "run", ids.device):
+        out = fn(ids, n, seed)
+    run = ClockedRun(out.tokens.tolist(), wall["run"], out.stats)
+    if clock is not None:
+        run.model_seconds, run.model_calls = dict(clock.seconds), dict(clock.calls)
+    return run
+
+
+Item = TypeVar("Item")
+
+
+def interleaved(names: Sequence[str], items: Sequence[Item], repetitions: int) -> Iterator[tuple[int, Item, str]]:
+    """(repetition, item, contender) in a round-robin order: no contender always runs first, so drift of the
+    machine's speed hits all contenders alike."""
+    for rep in range(repetitions):
+        for j, item in enumerate(items):
+            for name in rotated(names, rep * len(items) + j):
+                yield rep, item, name
+
+
+def rotated(items: Sequence[Item], shift: int) -> list[Item]:
+    """items started at index shift (modulo their number), the ones before it moved to the end."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt: torch.Tensor, lengths: list[int],
+                  prompt_lengths: list[int], seed: int = 0, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Milliseconds per generated token vs max_new_tokens and vs prompt length (end tokens ignored), for each loop
+    run(ids, n, seed) (clocked's fn) after prompt (1, L).
+
+    Next to each loop's wall time per token: its time outside the target's forwards (the loop's own cost, which
+    must not grow with the length) and the target's one-token step at the final context. The prompt is lengthened
+    by repeating itself in front of it.
+    """
+    clock = ForwardClock({"target": target})
+    for run in runs.values():
+        run(prompt, 4, seed)
+    filler = prompt.repeat(1, 1 + max([*lengths, *prompt_lengths]) // prompt.shape[-1])
+
+    def row(ids: torch.Tensor, n: int) -> dict:
+        context = torch.cat([ids, filler[:, :n]], dim=-1)[:, : ids.shape[-1] + n]  # (1, L + n)
+        r = {"prompt_tokens": ids.shape[-1], "new_tokens": n, "target_step_ms_at_end": forward_ms(target, context, 1, 5)}
+        for name, run in runs.items():
+            measured = clocked(clock, run, ids, n, seed)
+            r[f"{name}_ms_per_token"] = 1000 * measured.seconds / len(measured.tokens)
+            outside = measured.seconds - sum(measured.model_seconds.values())  # the loop's own time, load-robust
+            r[f"{name}_overhead_ms_per_token"] = 1000 * outside / len(measured.tokens)
+            log(f"scaling L={ids.shape[-1]} n={n} {name} {r[f'{name}_ms_per_token']:.1f} ms/token")
+        return r
+
+    by_new = [row(prompt, n) for n in lengths]
+    by_prompt = [row(torch.cat([filler[:, : L - prompt.shape[-1]], prompt], dim=-1), lengths[0])
+                 for L in prompt_lengths if L >= prompt.shape[-1]]  # fmt: skip
+    clock.remove()
+    return {"by_max_new_tokens": by_new, "by_prompt_length": by_prompt}
+
+
+Batched = Callable[[torch.Tensor | list[torch.Tensor], int, int], object]  # (ids, n, seed) -> a Generation
+
+
+def batch_study(generate: Mapping[str, Batched], prompts: list[torch.Tensor], sizes: list[int], baseline: str, *,
+                max_new_tokens: int, seed: int = 0, repetitions: int = 1,
+                peak: Callable[[], AbstractContextManager], log: Callable[[str], None] = lambda s: None) -> dict:
+    """Throughput against batch size: each loop generate[name] at every batch size, and its ratio over the baseline's
+    at the same size. The prompts (1, L) each are cycled to a multiple of the largest size, so that every size
+    decodes the same rows, and grouped `size` at a time (batch 1: one prompt (1, L) per call, the single-sequence
+    path; else a list of them). The sizes run in an order rotated between repetitions, so that a slow phase of the
+    machine does not fall on one size only. peak(): a context measuring the peak memory of its block (.rss_mb,
+    .cuda_mb)."""
+    rows = [prompts[i % len(prompts)] for i in range(-(-len(prompts) // max(sizes)) * max(sizes))]
+    for run in generate.values():  # warm-up: allocator, kernels, the calibration's caches
+        run(rows[0], 8, seed)
+        run(rows[:2], 8, seed)
+    measured: dict[str, dict[int, list[dict]]] = {name: {s: [] for s in sizes} for name in generate}
+    for rep in range(repetitions):
+        for size in rotated(sizes, rep):
+            for name, run in generate.items():
+                r = run_size(run, rows, size, max_new_tokens, seed, peak)
+                measured[name][size].append(r)
+                log(f"batch {size} {name}: {r['tokens_per_second']:.1f} tok/s, latency {r['latency_s']:.2f} s")
+    result = {"sizes": sizes, "rows": len(rows),
+              "contenders": {name: {str(s): summary_of(runs) for s, runs in by_size.items()}
+                             for name, by_size in measured.items()}}  # fmt: skip
+    reference = measured[baseline][sizes[0]][0]["outputs"]  # agreement: rows equal to the baseline's at batch 1
+    result["agreement"] = {name: {str(s): statistics.mean(a == b for a, b in zip(runs[0]["outputs"], reference))
+                                  for s, runs in by_size.items()} for name, by_size in measured.items()}  # fmt: skip
+    base = result["contenders"][baseline]
+    result["ratios"] = {name: {str(s): figures[str(s)]["tokens_per_second"] / base[str(s)]["tokens_per_second"]
+                               for s in sizes}
+                        for name, figures in result["contenders"].items() if name != baseline}  # fmt: skip
+    return result
+
+
+def run_size(run: Batched, rows: list[torch.Tensor], size: int, n: int, seed: int,
+             peak: Callable[[], AbstractContextManager]) -> dict:
+    """One loop over every row at one batch size: tokens, wall seconds, latency, passes, the cost model's predicted
+    and measured tokens/s, the outputs."""
+    tokens, latency, passes, row_passes, chosen, outputs = 0, [], 0, 0, [], []
+    model = dict.fromkeys(("predicted_tokens", "predicted_seconds", "measured_tokens", "measured_seconds"), 0.0)
+    with peak() as memory:
+        started = time.perf_counter()
+        for i in range(0, len(rows), size):
+            begun = time.perf_counter()
+            out = run(rows[i] if size == 1 else rows[i : i + size], n, seed)
+            stats = out.stats
+            if size == 1:
+                rows_out = [out.tokens]
+                latency.append(time.perf_counter() - begun)
+                passes += stats.target_forwards
+            else:
+                rows_out = out.tokens
+                latency += out.latency
+                passes += int(stats.extras.get("passes", 0))
+            row_passes += stats.target_forwards
+            tokens += sum(r.numel() for r in rows_out)
+            chosen += list(stats.chosen_k)
+            for key in model:
+                model[key] += getattr(stats, key)
+            outputs += [r.tolist() for r in rows_out]
+        seconds = time.perf_counter() - started
+    return {
+        "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+        "latency_s": statistics.mean(latency), "passes": passes,
+        "tokens_per_row_pass": tokens / row_passes if row_passes else None,
+        "chosen_k_mean": statistics.mean(chosen) if chosen else None,
+        "plain_step_share": statistics.mean([k == 0 for k in chosen]) if chosen else None,
+        "peak_rss_mb": memory.rss_mb, "peak_cuda_mb": memory.cuda_mb, "outputs": outputs,
+        # the cost model's expected tokens per second over the rounds it predicted, and what they measured
+        "predicted_tokens_per_second": ratio(model["predicted_tokens"], model["predicted_seconds"]),
+        "measured_tokens_per_second": ratio(model["measured_tokens"], model["measured_seconds"]),
+    }  # fmt: skip
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summary_of(runs: list[dict]) -> dict:
+    """One size's repetitions: medians of the rates, the outputs of the first."""
+    keep = {k: v for k, v in runs[0].items() if k != "outputs"}
+    for key in ("tokens_per_second", "latency_s", "seconds"):
+        keep[key] = statistics.median(r[key] for r in runs)
+    keep["tokens_per_second_runs"] = [r["tokens_per_second"] for r in runs]
+    keep["outputs"] = runs[0]["outputs"]
+    return keep
