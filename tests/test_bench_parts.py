@@ -8,7 +8,6 @@ import pytest
 import torch
 from test_bench import ROOT, TINY
 
-from experiments.bench.figures import pooled_stats
 from experiments.bench.goals import goal_entries
 from experiments.bench.ratios import check_identical
 from experiments.records import machine, machine_sentence, markdown_table, strict_json
@@ -27,17 +26,6 @@ def test_unknown_contender_is_refused():
         cfg = compose("bench", overrides=TINY)
         with pytest.raises(ConfigError, match=r"\['warp_drive'\] are not in bench.contenders"):
             contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
-
-
-def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():
-    run = {key: 1.0 for key in ("emitted", "drafted", "accepted", "target_forwards", "draft_forwards")}
-    run.update(overlap_sum=0.5, overlap_count=1, tree_rounds=0, tree_nodes_sum=0, tree_depth_sum=0,
-               predicted_tokens=2.0, predicted_seconds=1.0, measured_tokens=1, measured_seconds=2.0)
-    pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2], "draft_rounds": {"head": 3, "ngram": 1}},
-                           {**run, "chosen_k_histogram": [0, 1, 4], "draft_rounds": {"head": 2, "copy": 5}}])
-    assert pooled["chosen_k_histogram"] == [1, 3, 4]
-    assert pooled["draft_rounds"] == {"copy": 5, "head": 5, "ngram": 1}
-    assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
 
 
 def test_greedy_check_catches_a_different_output():

@@ -11,7 +11,6 @@ A ConfigError is never caught: a contender that cannot be configured fails the b
 from __future__ import annotations
 
 import traceback
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -21,6 +20,7 @@ from hydra import compose
 from omegaconf import DictConfig
 
 from specdec import Generation
+from specdec.metrics import round_totals
 
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
@@ -37,19 +37,8 @@ class Output:
 
 
 def output_of(g: Generation, ours: bool) -> Output:
-    """A contender's output; our loops add their Stats summary, with the per-round lists as totals (chosen
-    draft lengths for k="auto", drafting rounds per candidate of an online draft choice, tree sizes)."""
-    if not ours:
-        return Output(g.tokens)
-    summary = g.stats.summary()
-    summary.update(
-        chosen_k_histogram=g.stats.chosen_k_histogram,
-        draft_rounds=dict(Counter(d for d in g.stats.chosen_draft if d)),
-        tree_rounds=len(g.stats.tree_nodes),
-        tree_nodes_sum=sum(g.stats.tree_nodes),
-        tree_depth_sum=sum(g.stats.tree_depths),
-    )
-    return Output(g.tokens, summary)
+    """A contender's output; our loops add their statistics (specdec.metrics.round_totals)."""
+    return Output(g.tokens, round_totals(g.stats) if ours else None)
 
 
 @dataclass

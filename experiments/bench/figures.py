@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 
+from specdec.metrics import pooled_summaries
 from specdec.runtime.study import ClockedRun
 
 from ..run.prompts import Prompt
@@ -18,45 +18,6 @@ def spread(values: list[float]) -> dict:
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
-def pooled_stats(stats: list[dict]) -> dict:
-    """Our Stats summaries of several runs, totalled: counters, seconds, the cost model's sums, histograms."""
-
-    def total(key: str) -> float:
-        return sum(s[key] for s in stats)
-
-    histogram: list[int] = []
-    for s in stats:
-        h = s.get("chosen_k_histogram") or []
-        width = max(len(h), len(histogram))
-        histogram = [a + b for a, b in zip(histogram + [0] * (width - len(histogram)), h + [0] * (width - len(h)))]
-    rounds = total("tree_rounds")
-    measured, predicted = total("measured_seconds"), total("predicted_seconds")
-    return {
-        "emitted": total("emitted"),
-        "drafted": total("drafted"),
-        "accepted": total("accepted"),
-        "target_forwards": total("target_forwards"),
-        "draft_forwards": total("draft_forwards"),
-        "acceptance_rate": total("accepted") / total("drafted") if total("drafted") else None,
-        "mean_accepted_length": total("emitted") / total("target_forwards"),  # tokens per target pass
-        "alpha": total("overlap_sum") / total("overlap_count") if total("overlap_count") else None,
-        "seconds": {
-            key: total(f"seconds_{key}")
-            for key in ("prefill", "draft", "verify", "total")
-            if all(f"seconds_{key}" in s for s in stats)
-        },
-        "chosen_k_histogram": histogram,
-        "draft_rounds": dict(sorted(sum((Counter(s.get("draft_rounds", {})) for s in stats), Counter()).items())),
-        # k="auto": the cost model's expected rate over the rounds it predicted, and what they measured
-        "predicted_tokens_per_second": total("predicted_tokens") / predicted if predicted else None,
-        "measured_tokens_per_second": total("measured_tokens") / measured if measured else None,
-        # token trees: nodes per pass and accepted depth per pass
-        "mean_tree_nodes": total("tree_nodes_sum") / rounds if rounds else None,
-        "mean_tree_depth": total("tree_depth_sum") / rounds if rounds else None,
-        "mean_accepted_depth": total("accepted") / rounds if rounds else None,
-    }
 
 
 def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Prompt]) -> dict:
@@ -86,7 +47,7 @@ def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Pro
     }
     stats = [r.stats for r in runs if r.stats]
     if stats:
-        figures["stats"] = pooled_stats(stats)
+        figures["stats"] = pooled_summaries(stats)
     return figures
 
 
