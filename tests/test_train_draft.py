@@ -122,16 +122,3 @@ def test_head_keys_of_the_bench():
 
     goals = goal_entries({"head_c": 0.08, "head_tokens_per_pass": 2.0})
     assert goals["head_c"]["met"] and not goals["head_tokens_per_pass"]["met"]  # a cost is met at or below
-
-
-def test_a_switch_drafts_with_its_candidates_kinds():
-    from experiments.bench.contenders import draft_kind, draft_kinds
-    from specdec import DraftSwitch, NGramDrafter
-    from specdec.draft.head import DraftHead
-    from specdec.draft.head_drafter import HeadDrafter
-    from specdec.runtime.tiny import tiny_model
-
-    head, lookup = HeadDrafter(DraftHead(tiny_model("llama", seed=0))), NGramDrafter()
-    assert draft_kind(head) == "head" and draft_kind(lookup) == "ngram"
-    assert draft_kinds(DraftSwitch({"head": head, "ngram": lookup})) == ["head", "ngram"]
-    assert draft_kinds(DraftSwitch({"a": lookup, "b": NGramDrafter()})) == ["ngram"]

@@ -20,6 +20,7 @@ from hydra import compose
 from omegaconf import DictConfig
 
 from specdec import Generation
+from specdec.draft.switch import draft_kind, draft_kinds
 from specdec.metrics import round_totals
 
 from ..run.methods import Setup, setup_of
@@ -132,28 +133,6 @@ def check_bench(b: DictConfig) -> None:
         check_int(b.load.processes, "bench.load.processes", 1)
         for name in b.load.contenders:
             check_choice(name, tuple(names), "bench.load.contenders")
-
-
-def draft_kind(drafter) -> str:
-    """What drafts: "head", "ngram" (a lookup), "hybrid" (a tree of both), or "model" (a copy or another model; a
-    DraftSwitch, the calibrated default's online choice, counts as one whatever its candidates: see draft_kinds)."""
-    from specdec.draft.head_drafter import HeadDrafter
-    from specdec.draft.model import HybridTreeDrafter
-    from specdec.draft.ngram import NGramDrafter, NGramTreeDrafter
-
-    if isinstance(drafter, HeadDrafter):
-        return "head"
-    return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(
-        drafter, (NGramDrafter, NGramTreeDrafter)) else "model"
-
-
-def draft_kinds(drafter) -> list[str]:
-    """The kinds a drafter drafts with: each candidate's of a DraftSwitch, else its own (draft_kind)."""
-    from specdec.draft.switch import DraftSwitch
-
-    if isinstance(drafter, DraftSwitch):
-        return sorted({draft_kind(candidate) for candidate in drafter.candidates.values()})
-    return [draft_kind(drafter)]
 
 
 class Failures:
