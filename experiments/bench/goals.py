@@ -84,21 +84,23 @@ def target_of(key: str, flags: list[str], greedy: bool) -> tuple[float, str | No
     return goal[variant], variant
 
 
+def met(value: float | None, target: float, at_most: bool = False, exact: bool = False) -> bool | None:
+    """Whether a measured value meets its target: at most or at least it, or within 1e-9 of it (exact); None when
+    the value was not measured (None or NaN)."""
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return abs(value - target) < 1e-9 if exact else value <= target if at_most else value >= target
+
+
 def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool = True) -> dict[str, dict[str, object]]:
     """{key: {"value", "target", "met"}} for each goal whose ratio was measured (NaN: value and met None); flags:
     the machine's CPU flags, greedy: temperature 0 (goals whose threshold depends on them). An exact goal (the
     greedy block ratio, 1.00) is met within 1e-9."""
     entries: dict[str, dict[str, object]] = {}
-    for key in GOALS:
-        if key not in ratios:
-            continue
-        value = ratios[key]
+    for key in [key for key in GOALS if key in ratios]:
         target, variant = target_of(key, list(flags), greedy)
-        measured = value is not None and not math.isnan(value)
-        exact = variant == "greedy"
-        reached = value <= target if key in AT_MOST else value >= target
-        met = (abs(value - target) < 1e-9 if exact else reached) if measured else None
-        entries[key] = {"value": value if measured else None, "target": target, "met": met}
+        flag = met(ratios[key], target, key in AT_MOST, variant == "greedy")
+        entries[key] = {"value": None if flag is None else ratios[key], "target": target, "met": flag}
         if variant is not None:
             entries[key]["target_for"] = variant
     return entries
@@ -119,10 +121,8 @@ def runtime_goal_entries(keys: dict[str, object]) -> dict[str, dict[str, object]
     """{key: {"value", "target", "direction", "met"}} for each runtime goal measured (None: not measured)."""
     entries = {}
     for key, (direction, target) in RUNTIME_GOALS.items():
-        value = keys.get(key)
-        measured = isinstance(value, float) and not math.isnan(value)
-        met = (value <= target if direction == "at_most" else value >= target) if measured else None
-        entries[key] = {"value": value if measured else None, "target": target, "direction": direction, "met": met}
+        flag = met(keys.get(key), target, direction == "at_most")
+        entries[key] = {"value": None if flag is None else keys[key], "target": target, "direction": direction, "met": flag}
     return entries
 
 
