@@ -11,7 +11,6 @@ from test_bench import ROOT, TINY
 from experiments.bench.goals import goal_entries
 from experiments.bench.ratios import check_identical
 from experiments.records import machine, machine_sentence, markdown_table, strict_json
-from specdec.runtime.study import interleaved
 
 
 def test_unknown_contender_is_refused():
@@ -64,13 +63,6 @@ def test_goal_entries_and_strict_json():
         "| a | 0.500 |",
         "| b | - |",
     ]
-
-
-def test_interleaved_rotates_who_runs_first():
-    order = list(interleaved(["a", "b", "c"], ["p", "q"], repetitions=2))
-    assert len(order) == 12
-    firsts = [order[i][2] for i in range(0, 12, 3)]
-    assert firsts == ["a", "b", "c", "a"]
 
 
 def test_machine_records_cpu_features_and_bitsandbytes_path():

@@ -37,7 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
-from specdec.runtime.study import ClockedRun, ForwardClock, clocked, interleaved, pass_costs
+from specdec.runtime.study import ClockedRun, ForwardClock, interleaved_runs, pass_costs
 
 from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
@@ -55,24 +55,16 @@ from .table import bench_table
 def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
             max_new_tokens: int, repetitions: int, seed: int, failures: Failures, out: Path | None,
             log: Callable[[str], None]) -> dict[str, dict[str, list[ClockedRun]]]:  # fmt: skip
-    """One warm-up per contender (excluded), then the interleaved repetitions; a contender that raises is recorded
-    in failures and runs no more. Each contender's figures go to out/contenders/<name>.json once it has run
-    everything. Returns the runs of the contenders that finished, by prompt."""
-    names = list(contenders)
-    for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
-        failures.attempt(c.name, "warm-up", c.run, ids[prompts[0].id], min(8, max_new_tokens), seed)
-    runs: dict[str, dict[str, list[ClockedRun]]] = {name: {p.id: [] for p in prompts} for name in names}
-    left = dict.fromkeys(names, len(prompts) * repetitions)
-    for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = failures.attempt(name, "run", clocked, clock, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
-        if run is None:
-            continue
-        runs[name][prompt.id].append(run)
-        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
-        left[name] -= 1
-        if left[name] == 0 and out is not None:
-            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
-    return {name: runs[name] for name in names if name not in failures.failed}
+    """specdec.runtime.study.interleaved_runs of the contenders; a contender that raises is recorded in failures and
+    runs no more. Each contender's figures go to out/contenders/<name>.json once it has run everything. Returns the
+    runs of the contenders that finished, by prompt."""
+    def finished(name: str, runs: dict[str, list[ClockedRun]]) -> None:
+        if out is not None:
+            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs, prompts)})
+
+    runs = interleaved_runs({name: c.run for name, c in contenders.items()}, {p.id: ids[p.id] for p in prompts},
+                            max_new_tokens, repetitions, seed, clock, failures.attempt, finished, log)
+    return {name: runs[name] for name in contenders if name not in failures.failed}
 
 
 def run_bench(

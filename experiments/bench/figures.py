@@ -1,19 +1,13 @@
-"""The benchmark's runs -> figures: throughput per contender and category, our Stats pooled."""
+"""The benchmark's runs -> figures: throughput per contender and category, our Stats pooled; their geometric mean."""
 
 from __future__ import annotations
 
 import math
-import statistics
 
 from specdec.metrics import pooled_summaries
-from specdec.runtime.study import ClockedRun
+from specdec.runtime.study import ClockedRun, throughput
 
 from ..run.prompts import Prompt
-
-
-def spread(values: list[float]) -> dict:
-    """Median, min, max and count of repeated measurements."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def geomean(values: list[float]) -> float:
@@ -21,31 +15,9 @@ def geomean(values: list[float]) -> float:
 
 
 def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Prompt]) -> dict:
-    """Throughput per repetition (prompts pooled), per category, per prompt; forwards; our stats pooled."""
-    reps = len(next(iter(per_prompt.values())))
-    runs = [r for rs in per_prompt.values() for r in rs]
-
-    def pooled(ids: list[str]) -> list[float]:  # tokens/s of each repetition over the given prompts
-        return [
-            sum(len(per_prompt[i][r].tokens) for i in ids) / sum(per_prompt[i][r].seconds for i in ids)
-            for r in range(reps)
-        ]
-
-    categories = sorted({p.category for p in prompts})
-    figures = {
-        "tokens_per_second": spread(pooled([p.id for p in prompts])),
-        "by_category": {c: spread(pooled([p.id for p in prompts if p.category == c])) for c in categories},
-        "by_prompt": {
-            p.id: {"tokens": len(per_prompt[p.id][0].tokens), **spread(pooled([p.id]))} for p in prompts
-        },
-        "model_forward_share": sum(sum(r.model_seconds.values()) for r in runs)
-        / sum(r.seconds for r in runs),
-        "forwards_per_token": {
-            m: sum(r.model_calls[m] for r in runs) / sum(len(r.tokens) for r in runs)
-            for m in runs[0].model_calls
-        },
-    }
-    stats = [r.stats for r in runs if r.stats]
+    """specdec.runtime.study.throughput of the contender's runs, with our statistics pooled."""
+    figures = throughput(per_prompt, {p.id: p.category for p in prompts})
+    stats = [r.stats for rs in per_prompt.values() for r in rs if r.stats]
     if stats:
         figures["stats"] = pooled_summaries(stats)
     return figures

@@ -327,6 +327,33 @@ def interleaved(names: Sequence[str], items: Sequence[Item], repetitions: int) -
                 yield rep, item, name
 
 
+def interleaved_runs(runs: Mapping[str, Callable], inputs: Mapping[str, torch.Tensor], n: int, repetitions: int,
+                     seed: int = 0, clock: ForwardClock | None = None, attempt: Callable | None = None,
+                     finished: Callable[[str, dict], None] = lambda name, runs: None,
+                     log: Callable[[str], None] = lambda s: None) -> dict[str, dict[str, list[ClockedRun]]]:
+    """Each loop run(ids, n, seed) (clocked's fn) once as a warm-up (excluded: first calls allocate, build kernels
+    and caches), then `repetitions` rounds over every input in an interleaved order, clocked, at seed + repetition.
+    attempt(name, stage, fn, *args): the call fn(*args), or None for a loop that failed (it runs no more);
+    finished(name, its runs): once a loop has run everything. Returns each loop's runs by input."""
+    attempt = attempt or (lambda name, stage, fn, *args: fn(*args))
+    first = next(iter(inputs.values()))
+    for name, run in runs.items():
+        attempt(name, "warm-up", run, first, min(8, n), seed)
+    out: dict[str, dict[str, list[ClockedRun]]] = {name: {key: [] for key in inputs} for name in runs}
+    left = dict.fromkeys(runs, len(inputs) * repetitions)
+    for rep, key, name in interleaved(list(runs), list(inputs), repetitions):
+        measured = attempt(name, "run", clocked, clock, runs[name], inputs[key], n, seed + rep)
+        if measured is None:
+            continue
+        out[name][key].append(measured)
+        log(f"rep {rep} {key:16s} {name:20s} {len(measured.tokens):4d} tok "
+            f"{len(measured.tokens) / measured.seconds:6.1f} tok/s")
+        left[name] -= 1
+        if left[name] == 0:
+            finished(name, out[name])
+    return out
+
+
 def rotated(items: Sequence[Item], shift: int) -> list[Item]:
     """items started at index shift (modulo their number), the ones before it moved to the end."""
     shift %= len(items)
@@ -453,3 +480,35 @@ def summary_of(runs: list[dict]) -> dict:
     keep["tokens_per_second_runs"] = [r["tokens_per_second"] for r in runs]
     keep["outputs"] = runs[0]["outputs"]
     return keep
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, max and count of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def throughput(per_prompt: Mapping[str, list[ClockedRun]], categories: Mapping[str, str]) -> dict:
+    """Tokens/s of each repetition (the prompts pooled) over every prompt, per category and per prompt (median, min,
+    max over the repetitions: spread), the share of the time inside the models' forwards and their calls per token;
+    per_prompt: a loop's runs of each prompt by repetition, categories: each prompt's."""
+    reps = len(next(iter(per_prompt.values())))
+    runs = [r for rs in per_prompt.values() for r in rs]
+
+    def pooled(ids: list[str]) -> list[float]:  # tokens/s of each repetition over the given prompts
+        return [
+            sum(len(per_prompt[i][r].tokens) for i in ids) / sum(per_prompt[i][r].seconds for i in ids)
+            for r in range(reps)
+        ]
+
+    return {
+        "tokens_per_second": spread(pooled(list(categories))),
+        "by_category": {c: spread(pooled([i for i in categories if categories[i] == c]))
+                        for c in sorted(set(categories.values()))},
+        "by_prompt": {i: {"tokens": len(per_prompt[i][0].tokens), **spread(pooled([i]))} for i in categories},
+        "model_forward_share": sum(sum(r.model_seconds.values()) for r in runs)
+        / sum(r.seconds for r in runs),
+        "forwards_per_token": {
+            m: sum(r.model_calls[m] for r in runs) / sum(len(r.tokens) for r in runs)
+            for m in runs[0].model_calls
+        },
+    }
