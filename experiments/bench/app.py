@@ -43,13 +43,13 @@ from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
 from ..run.settings import CONF_DIR
-from .batch import batch_study
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
 from .figures import contender_figures
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import output_check, pairwise, ratios
-from .table import bench_table
+from .studies import run_batching, run_runtime, run_scaling
+from .table import bench_table, scaling_table
 
 
 def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
@@ -167,18 +167,14 @@ def bench(cfg: DictConfig) -> dict:
         return {}
     print(f"writing to {out}", flush=True)
     if b.scaling:
-        from .scaling import run_scaling, scaling_table
-
         result = run_scaling(contenders, ids[prompts[0].id], b.scaling, seed=cfg.seed, log=print)
         result.update(machine=machine(first.plan.device), command=command)
         write_result(out, "scaling", result, scaling_table(result))
         return result
     if b.get("batching"):
-        return batch_study(contenders, prompts, ids, cfg, command, out)
+        return run_batching(contenders, prompts, ids, cfg, command, out)
     if b.get("runtime_study"):
-        from .runtime import runtime_study
-
-        return runtime_study(contenders[b.reference].setup, [ids[p.id] for p in prompts], cfg, command, out)
+        return run_runtime(contenders[b.reference].setup, [ids[p.id] for p in prompts], cfg, command, out)
     default = contenders[DEFAULT].setup
     load = None
     if b.load:  # before the comparison, which then runs on a quiet machine again

@@ -1,4 +1,5 @@
-"""The benchmark's result -> bench.md: goals, ratios, contenders, chain vs tree, pass cost, cost model, machine.
+"""The benchmark's result -> bench.md: goals, ratios, contenders, chain vs tree, pass cost, cost model, machine; and
+the tables of the scaling, batch and runtime studies.
 
 Each section is a function of the result giving its lines; `table` writes one markdown table under a sentence."""
 
@@ -21,7 +22,11 @@ def bench_table(result: dict) -> str:
     and the costs."""
     sections = (head_section, failed_section, goals_section, vs_target_only_section, contenders_section, trees_section,
                 pass_cost_section, cost_model_section, load_section, ratios_section, check_section, costs_section)
-    lines = [line for section in sections for line in section(result)]
+    return document([line for section in sections for line in section(result)])
+
+
+def document(lines: list[str]) -> str:
+    """The lines of a markdown file, without the first section's leading blank line."""
     return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"
 
 
@@ -173,3 +178,44 @@ def failed_section(result: dict) -> list[str]:
     rows = [[name, f["stage"], f["error"].replace("|", "\\|")[:300]] for name, f in failed.items()]
     return table(f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them are "
                  f"{NOT_MEASURED}.", ["contender", "stage", "error"], rows) if failed else []  # fmt: skip
+
+
+def batch_table(result: dict) -> str:
+    """Throughput (tokens/s) and the ratio to the baseline by batch size, one row per contender."""
+    sizes, c = result["sizes"], result["contenders"]
+    by_size = ["contender", *[f"B={s}" for s in sizes]]
+    rows = [[name, s, c[name][str(s)]["latency_s"], c[name][str(s)]["peak_rss_mb"], c[name][str(s)]["tokens_per_row_pass"],
+             c[name][str(s)]["chosen_k_mean"], result["agreement"][name][str(s)]] for name in c for s in sizes]  # fmt: skip
+    return document(
+        table("### tokens/s (all rows) by batch size", by_size,
+              [[name, *[c[name][str(s)]["tokens_per_second"] for s in sizes]] for name in c], "{:.1f}")
+        + table("### ratio to target-only at the same batch size", by_size,
+                [[name, *[r[str(s)] for s in sizes]] for name, r in result["ratios"].items()], "{:.2f}")
+        + table("### mean row latency (s), peak RSS (MB), tokens per row-pass, mean chosen k",
+                ["contender", "B", "latency_s", "peak_rss_mb", "tokens/row-pass", "k mean", "agreement"], rows, "{:.2f}"))
+
+
+def scaling_table(result: dict) -> str:
+    return document([line for key in ("by_max_new_tokens", "by_prompt_length")
+                     for line in table(f"### {key}", list(result[key][0]),
+                                       [list(r.values()) for r in result[key]], "{:.1f}")])  # fmt: skip
+
+
+def runtime_table(result: dict) -> str:
+    profiles = result["profiles"]
+    widths = list(next(iter(profiles.values()))["pass_cost"])
+    header = ["profile", "step ms", "step / bound", *[f"w={w}" for w in widths], "target-only tok/s",
+              "lookup k=3 tok/s", "compile s (cold / warm)"]
+    rows = []
+    for name, p in profiles.items():
+        c = p.get("compile", {})
+        compile_cell = " / ".join(f"{c[s]['seconds']:.0f}" if s in c else "-" for s in ("cold", "warm")) if c else "-"
+        rows.append([name, p["pass_ms"][1], p["step_vs_memory_bound"], *[p["pass_cost"][w] for w in widths],
+                     p["ar_tokens_per_s"], p["lookup_k3_tokens_per_s"], compile_cell])
+    keys = [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in result["keys"].items()]
+    goals = [f"- goal {k}: {g['direction'].replace('_', ' ')} {g['target']}, "
+             f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'}"
+             for k, g in result["goals"].items()]
+    return document(table(f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
+                          f"Hugging Face plain generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of "
+                          "a w-token pass over the step's.", header, rows, "{:.2f}") + ["", *keys, *goals])
