@@ -44,10 +44,9 @@ from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
 from ..run.settings import CONF_DIR
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
-from .figures import contender_figures
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import output_check, pairwise, ratios
+from .ratios import contender_figures, output_check, pairwise, ratios
 from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table, scaling_table
 

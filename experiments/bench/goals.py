@@ -106,7 +106,7 @@ def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool =
     return entries
 
 
-# bench=runtime (experiments/bench/runtime.py): the compiled runtime's pass costs and step, each at most its
+# bench=runtime (experiments/bench/studies.py): the compiled runtime's pass costs and step, each at most its
 # threshold (a pass of 2-5 tokens about one step; the step near the time to read the weights once), and its
 # target-only loop against Hugging Face's eager generate, at least its threshold
 RUNTIME_GOALS: dict[str, tuple[str, float]] = {

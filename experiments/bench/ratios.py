@@ -1,4 +1,4 @@
-"""The benchmark's figures -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
+"""The benchmark's runs -> figures (throughput per contender and category, our Stats pooled) -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
 chain vs tree at equal width, the cost model's prediction vs measurement, and the greedy output check.
 
 The trained head's keys (bench=heads): the best head over the best copy, the head's draft cost c, its tokens per
@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 
 from specdec.draft.head_store import training_record
-from specdec.runtime.study import ClockedRun
+from specdec.metrics import pooled_summaries
+from specdec.runtime.study import ClockedRun, throughput
 from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
 
-from .figures import decode_rate, geomean
+from ..run.prompts import Prompt
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
@@ -30,6 +31,25 @@ HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, 
 }
 SHORT_OUTPUTS = 32  # max_new_tokens at or below which the default over target-only is short_outputs_vs_target_only
 EQUAL_WIDTH = {"ngram": ("spec_ngram", "tree_ngram"), "model": (MODEL_CHAIN, "tree_model")}  # (chain, tree)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Prompt]) -> dict:
+    """specdec.runtime.study.throughput of the contender's runs, with our statistics pooled."""
+    figures = throughput(per_prompt, {p.id: p.category for p in prompts})
+    stats = [r.stats for rs in per_prompt.values() for r in rs if r.stats]
+    if stats:
+        figures["stats"] = pooled_summaries(stats)
+    return figures
+
+
+def decode_rate(figures: dict) -> float:
+    """Tokens per second after the prefill, from our Stats pooled over every run."""
+    seconds = figures["stats"]["seconds"]
+    return figures["stats"]["emitted"] / (seconds["total"] - seconds["prefill"])
 
 
 class Figures:
