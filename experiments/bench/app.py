@@ -51,21 +51,6 @@ from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table, scaling_table
 
 
-def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
-            max_new_tokens: int, repetitions: int, seed: int, failures: Failures, out: Path | None,
-            log: Callable[[str], None]) -> dict[str, dict[str, list[ClockedRun]]]:  # fmt: skip
-    """specdec.runtime.study.interleaved_runs of the contenders; a contender that raises is recorded in failures and
-    runs no more. Each contender's figures go to out/contenders/<name>.json once it has run everything. Returns the
-    runs of the contenders that finished, by prompt."""
-    def finished(name: str, runs: dict[str, list[ClockedRun]]) -> None:
-        if out is not None:
-            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs, prompts)})
-
-    runs = interleaved_runs({name: c.run for name, c in contenders.items()}, {p.id: ids[p.id] for p in prompts},
-                            max_new_tokens, repetitions, seed, clock, failures.attempt, finished, log)
-    return {name: runs[name] for name in contenders if name not in failures.failed}
-
-
 def run_bench(
     contenders: dict[str, Contender],
     prompts: list[Prompt],
@@ -82,16 +67,24 @@ def run_bench(
     failures: Failures | None = None,
     out: Path | None = None,
 ) -> dict:
-    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json.
-    failures: contenders that raised (while built, or here); out: where each contender's figures are written as
-    soon as it finished (out/contenders/<name>.json)."""
+    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)), clocked inside each
+    model (specdec.runtime.study.interleaved_runs); bench.json. failures: contenders that raised (while built, or
+    here: it then runs no more); out: where each contender's figures are written as soon as it finished
+    (out/contenders/<name>.json)."""
     failures = failures or Failures(log)
     default = contenders[DEFAULT].setup
     drafts = {id(c.setup.pair.draft_model): c.setup.pair.draft_model for c in contenders.values()}
     models = {"target": default.pair.target, **{f"draft{i or ''}": m for i, m in enumerate(d for d in drafts.values() if d is not None)}}
     clock = ForwardClock(models)
-    runs = measure(contenders, prompts, ids, clock, max_new_tokens, repetitions, seed, failures, out, log)
+
+    def finished(name: str, runs: dict[str, list[ClockedRun]]) -> None:  # its figures, as soon as it has run everything
+        if out is not None:
+            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs, prompts)})
+
+    runs = interleaved_runs({name: c.run for name, c in contenders.items()}, {p.id: ids[p.id] for p in prompts},
+                            max_new_tokens, repetitions, seed, clock, failures.attempt, finished, log)
     clock.remove()
+    runs = {name: runs[name] for name in contenders if name not in failures.failed}  # a contender that raised: no more
     if not runs:
         raise RuntimeError(f"every contender failed: {failures.failed}")
     plan = default.plan

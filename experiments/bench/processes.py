@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.runtime.study import generations
+
 from ..records import peak_rss_mb, reset_peak_rss
 from ..run.prompts import Prompt
 from .contenders import Contender
@@ -66,25 +68,12 @@ def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes
 
 def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
                 started: float) -> dict:  # fmt: skip
-    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
+    """In the load run's process: one warm-up, then every prompt once (specdec.runtime.study.generations)."""
     contender.run(ids[prompts[0].id], min(8, n), seed)
     print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
-    rows, generating = [], time.perf_counter()
-    for prompt in prompts:
-        setup = contender.setup
-        out = setup.generate(contender.method, ids[prompt.id], n, seed)
-        stats = out.stats
-        rows.append({
-            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
-            "started_s": time.perf_counter() - generating - stats.seconds["total"],
-            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
-            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
-            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
-            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
-        })  # fmt: skip
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
+    generating = time.perf_counter()
+    figures = generations(lambda row: contender.setup.generate(contender.method, row, n, seed), {p.id: ids[p.id] for p in prompts})
+    return figures | {"generation_started_s": generating - started}
 
 
 def memory_of(name: str, base: list[str], out: Path) -> dict:

@@ -512,3 +512,23 @@ def throughput(per_prompt: Mapping[str, list[ClockedRun]], categories: Mapping[s
             for m in runs[0].model_calls
         },
     }
+
+
+def generations(generate: Callable[[torch.Tensor], object], inputs: Mapping[str, torch.Tensor]) -> dict:
+    """Each input once, in order, generate(ids) -> a Generation: tokens, seconds, tokens/s over them all, and per
+    input its tokens, seconds, start (seconds after the first began), target passes (`rounds`; 0 for target-only),
+    share of plain steps, and the drafts and thread counts chosen online (rounds each)."""
+    rows, generating = [], time.perf_counter()
+    for key, ids in inputs.items():
+        out = generate(ids)
+        stats = out.stats
+        rows.append({
+            "prompt": key, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
+            "started_s": time.perf_counter() - generating - stats.seconds["total"],
+            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
+            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
+            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
+        })  # fmt: skip
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "prompts": rows}
