@@ -22,12 +22,12 @@ from tqdm import tqdm
 from specdec.draft import head_store
 from specdec.draft.head import DraftHead, frequency_ranked, save_head
 from specdec.runtime.models import load_model, load_tokenizer
-from specdec.train.data import teacher_data
+from specdec.train.data import teacher_data, token_rows
 from specdec.train.loop import TrainSettings, train
 
 from ..records import machine, write_json
 from ..run.logger import make_logger
-from .data import token_rows
+from .data import conversations
 from .report import write_report
 from .store import head_folder, teacher_file
 
@@ -35,29 +35,22 @@ log = logging.getLogger(__name__)
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
-def log_point(logger, point: dict) -> None:
-    """A learning-curve point to W&B (when the logger is a W&B run), at its training step."""
-    run = getattr(logger, "run", None)
-    if run is not None:
-        run.log(point, step=point["step"])
-
-
 def trained(cfg: DictConfig, head: DraftHead, data: tuple, folder: Path, logger, target) -> dict:
-    """specdec.train.loop.train with the config's settings, a progress bar and the curve's points to the logger."""
-    bar = None
+    """specdec.train.loop.train with the config's settings and a progress bar; each learning-curve point goes to W&B
+    (when the logger is a W&B run) at its training step."""
+    bars = []
 
     def progress(steps: range) -> tqdm:
-        nonlocal bar
-        bar = tqdm(steps, initial=steps.start, total=cfg.train.steps, desc="training", unit="step")
-        return bar
+        bars.append(tqdm(steps, initial=steps.start, total=cfg.train.steps, desc="training", unit="step"))
+        return bars[-1]
 
     def observe(point: dict) -> None:
-        log_point(logger, point)
-        bar.set_postfix(alpha=f"{point['alpha']:.3f}", loss=f"{point['loss']:.3f}")
+        if getattr(logger, "run", None) is not None:
+            logger.run.log(point, step=point["step"])
+        bars[-1].set_postfix(alpha=f"{point['alpha']:.3f}", loss=f"{point['loss']:.3f}")
 
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
-    weight = target.get_output_embeddings().weight.detach()
-    return train(head, data, weight, folder, settings, observe, progress)
+    return train(head, data, target.get_output_embeddings().weight.detach(), folder, settings, observe, progress)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Path:
@@ -73,8 +66,8 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
     d = cfg.data
 
     def rows():
-        texts = token_rows(d.source, load_tokenizer(cfg.model.target.name), d.conversations, d.max_tokens, target,
-                           d.answer_tokens if d.self_distill else 0)
+        texts = token_rows(conversations(d.source), load_tokenizer(cfg.model.target.name), d.conversations,
+                           d.max_tokens, target, d.answer_tokens if d.self_distill else 0)
         return tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv")
 
     teacher, record = teacher_data(teacher_file(cfg), target, rows, d.chunk, d.top_k)

@@ -19,11 +19,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from specdec.train.data import encode, self_distilled
-
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
@@ -90,19 +85,8 @@ def bundled() -> Iterator[list[dict]]:
 SOURCES = {"sharegpt": sharegpt, "chitchat": chitchat, "bundled": bundled}
 
 
-def token_rows(source: str, tokenizer: PreTrainedTokenizerBase, conversations: int, max_tokens: int,
-               target: PreTrainedModel | None = None, answer_tokens: int = 0
-               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Up to `conversations` rows of at most max_tokens from the source: token ids (L,) and whether each token is
-    an assistant's (L,); with a target and answer_tokens > 0 the text is the first user turn and the target's own
-    answer (self-distillation)."""
+def conversations(source: str) -> Iterator[list[dict]]:
+    """The conversations of data.source, as chat messages (role, content)."""
     if source not in SOURCES:
         raise ValueError(f"data.source must be one of {', '.join(SOURCES)}, got {source!r}")
-    for produced, turns in enumerate(SOURCES[source]()):
-        if produced == conversations:
-            return
-        if answer_tokens and target is not None:
-            ids, is_answer = self_distilled(target, tokenizer, turns, answer_tokens)
-            yield ids[:max_tokens], is_answer[:max_tokens]
-        else:
-            yield encode(tokenizer, turns, max_tokens)
+    return SOURCES[source]()

@@ -5,7 +5,7 @@ such token rows, chunked and cached (specdec.train.head.Teacher)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -54,6 +54,22 @@ def self_distilled(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     answer = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=answer_tokens).tokens
     ids = torch.cat([prompt[0], answer.reshape(-1)])
     return ids, torch.arange(ids.numel()) >= prompt.shape[-1]
+
+
+def token_rows(conversations: Iterable[list[dict]], tokenizer: PreTrainedTokenizerBase, limit: int, max_tokens: int,
+               target: PreTrainedModel | None = None, answer_tokens: int = 0
+               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Up to `limit` rows of at most max_tokens from the conversations (chat messages: role, content): token ids (L,)
+    and whether each token is an assistant's (L,); with a target and answer_tokens > 0 the text is the first user
+    turn and the target's own answer (self-distillation)."""
+    for produced, turns in enumerate(conversations):
+        if produced == limit:
+            return
+        if answer_tokens and target is not None:
+            ids, is_answer = self_distilled(target, tokenizer, turns, answer_tokens)
+            yield ids[:max_tokens], is_answer[:max_tokens]
+        else:
+            yield encode(tokenizer, turns, max_tokens)
 
 
 def teacher_data(path: Path, target: PreTrainedModel, rows: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
