@@ -48,7 +48,7 @@ from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
 from .ratios import contender_figures, output_check, pairwise, ratios
 from .studies import run_batching, run_runtime, run_scaling
-from .table import bench_table, scaling_table
+from .table import bench_table
 
 
 def run_bench(
@@ -159,10 +159,7 @@ def bench(cfg: DictConfig) -> dict:
         return {}
     print(f"writing to {out}", flush=True)
     if b.scaling:
-        result = run_scaling(contenders, ids[prompts[0].id], b.scaling, seed=cfg.seed, log=print)
-        result.update(machine=machine(first.plan.device), command=command)
-        write_result(out, "scaling", result, scaling_table(result))
-        return result
+        return run_scaling(contenders, ids[prompts[0].id], cfg, command, out)
     if b.get("batching"):
         return run_batching(contenders, prompts, ids, cfg, command, out)
     if b.get("runtime_study"):

@@ -33,14 +33,18 @@ from ..run.methods import Setup
 from ..run.prompts import Prompt
 from ..run.runtime import runtime_options
 from .goals import goal_entries, runtime_goal_entries
-from .table import batch_table, runtime_table
+from .table import batch_table, runtime_table, scaling_table
 
 
-def run_scaling(contenders: dict, prompt, scaling: DictConfig, *, seed: int = 0, log=print) -> dict:
-    """specdec.runtime.study.scaling_study of the contenders (end tokens ignored) after prompt (1, L)."""
+def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=scaling: specdec.runtime.study.scaling_study of the contenders (end tokens ignored) after prompt (1, L)."""
     runs = {name: (lambda ids, n, s, c=c: c.run(ids, n, s, stop_at_eos=False)) for name, c in contenders.items()}
-    target = next(iter(contenders.values())).setup.pair.target
-    return scaling_study(runs, target, prompt, list(scaling.lengths), list(scaling.prompt_lengths), seed, log)
+    first, scaling = next(iter(contenders.values())).setup, cfg.bench.scaling
+    result = scaling_study(runs, first.pair.target, prompt, list(scaling.lengths), list(scaling.prompt_lengths),
+                           cfg.seed, print)
+    result.update(machine=machine(first.plan.device), command=command)
+    write_result(out, "scaling", result, scaling_table(result))
+    return result
 
 
 def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
@@ -85,14 +89,6 @@ def profiles_of(study: DictConfig) -> dict[str, RuntimeProfile]:
             for name, p in study.profiles.items()}  # fmt: skip
 
 
-def run_runtime_study(model, prompts: list[torch.Tensor], study: DictConfig, *, n: int, eos: list[int]) -> dict:
-    """specdec.runtime.study.runtime_study on the config's profiles, its headline keys and their goals."""
-    result = runtime_study(model, prompts, profiles_of(study), loops(n, eos), max_width=study.max_width,
-                           repeats=study.repeats, n=n, eos=eos, log=print)
-    keys = headline(result, study.report)
-    return result | {"keys": keys, "goals": runtime_goal_entries(keys)}
-
-
 def headline(result: dict, report: str) -> dict:
     """The issue's bench.json keys, for the reported profile (the run's compiled runtime) against eager."""
     p, eager = result["profiles"][report], result["profiles"]["eager"]
@@ -112,26 +108,19 @@ def headline(result: dict, report: str) -> dict:
     }
 
 
-def fresh_inductor_cache() -> str:
-    """An empty inductor disk cache for this study (so that 'cold' is cold); returns its folder."""
+def run_runtime(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=runtime: specdec.runtime.study.runtime_study on the config's profiles in an empty inductor disk cache (so
+    that 'cold' is cold), its headline keys and their goals."""
+    study, n, eos = cfg.bench.runtime_study, cfg.max_new_tokens, setup.pair.eos_token_id
     folder = tempfile.mkdtemp(prefix="specdec-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
-    return folder
-
-
-def remove_cache(folder: str) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def run_runtime(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, command: str, out: Path) -> dict:
-    """bench=runtime: pass costs eager and compiled (run_runtime_study), in an empty inductor cache."""
-    folder = fresh_inductor_cache()
     try:
-        result = run_runtime_study(setup.pair.target, prompts, cfg.bench.runtime_study, n=cfg.max_new_tokens,
-                                   eos=setup.pair.eos_token_id)
+        result = runtime_study(setup.pair.target, prompts, profiles_of(study), loops(n, eos), max_width=study.max_width,
+                               repeats=study.repeats, n=n, eos=eos, log=print)
     finally:
-        remove_cache(folder)
-    result.update(machine=machine(setup.plan.device), command=command)
+        shutil.rmtree(folder, ignore_errors=True)
+    keys = headline(result, study.report)
+    result.update(keys=keys, goals=runtime_goal_entries(keys), machine=machine(setup.plan.device), command=command)
     table = runtime_table(result)
     write_result(out, "runtime", result, table)
     print(table)
