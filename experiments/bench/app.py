@@ -8,19 +8,13 @@ and seeds; the pairs share one target (experiments.run.pair.Pairs). Every repeti
 through every contender, in an order rotated per repetition, so machine drift hits all alike; one
 warm-up pass is excluded. Ratios are per category (median over repetitions), their geometric mean over
 categories, checked against experiments.bench.goals. At temperature > 0 the outputs are samples, so the greedy
-equality check is skipped (bench.json says so).
+equality check is skipped (bench.json says so). The load scenario (bench.load): experiments.bench.processes.
 
     python -m experiments.bench                           # offline pair, every category, greedy, 128 tokens
     python -m experiments.bench temperature=1             # the same table at temperature 1
     python -m experiments.bench bench.only=[ar,spec_ngram] +bench.contenders.mine='["model=smollm2_ngram","k=6"]'
     python -m experiments.bench bench=scaling             # time per token vs max_new_tokens and prompt length
     python -m experiments.bench bench=gpu                 # random-weight Llama-3 shapes on a CUDA device
-
-The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
-(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
-start until bench.load.seconds after its generation started; the ratio of their tokens per second is
-default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
-load too.
 """
 
 from __future__ import annotations

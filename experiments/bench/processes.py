@@ -1,5 +1,10 @@
-"""Contenders in fresh processes: the load scenario (a contender under competing busy loops, its start-up
-included) and each contender's peak memory.
+"""Contenders in fresh processes: the load scenario and each contender's peak memory.
+
+The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
+(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
+start until bench.load.seconds after its generation started; the ratio of their tokens per second is
+default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
+load too.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from .contenders import Contender
 GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
 
 
+def bench_command(base: list[str], one: str, folder: Path) -> list[str]:
+    """`python -m experiments.bench` with the overrides base and `one` (the contender it runs), writing to folder."""
+    return [sys.executable, "-m", "experiments.bench", *base, one, "bench.memory=false", f"hydra.run.dir={folder}",
+            "hydra.output_subdir=null"]
+
+
 def busy_loops(processes: int) -> list[subprocess.Popen]:
     """Competing CPU work: `processes` Python busy loops (what a user's other program does to the machine)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
@@ -37,8 +48,7 @@ def stop(loops: list[subprocess.Popen]) -> None:
 def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
     """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
     `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
+    cmd = bench_command(base, f"bench.load_of={name}", out / "load" / name)
     loops = busy_loops(processes)
     started = time.perf_counter()
     timer, lines, stopped = None, [], {}
@@ -78,9 +88,8 @@ def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torc
 
 def memory_of(name: str, base: list[str], out: Path) -> dict:
     """Peak RSS of a fresh process that builds only the contender `name` and runs it once on one prompt."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.memory_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'memory'}", "hydra.output_subdir=null"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(bench_command(base, f"bench.memory_of={name}", out / "memory"), capture_output=True,
+                          text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
