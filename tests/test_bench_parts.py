@@ -9,7 +9,6 @@ import torch
 from test_bench import ROOT, TINY
 
 from experiments.bench.goals import goal_entries
-from experiments.bench.ratios import check_identical
 from experiments.records import machine, machine_sentence, markdown_table, strict_json
 
 
@@ -25,21 +24,6 @@ def test_unknown_contender_is_refused():
         cfg = compose("bench", overrides=TINY)
         with pytest.raises(ConfigError, match=r"\['warp_drive'\] are not in bench.contenders"):
             contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
-
-
-def test_greedy_check_catches_a_different_output():
-    outputs = {
-        "ar": {"p": [1, 2, 3]},
-        "hf_plain": {"p": [1, 2, 3]},
-        "hf_assisted": {"p": [1, 5, 3]},
-        "hf_lookup": {"p": [1, 2]},
-    }
-    check = check_identical(outputs)
-    assert not check["identical"]
-    assert {(m["contender"], m["first_difference"]) for m in check["mismatches"]} == {
-        ("hf_assisted", 1),
-        ("hf_lookup", 2),
-    }
 
 
 def test_goal_entries_and_strict_json():

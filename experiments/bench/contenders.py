@@ -85,13 +85,6 @@ class Contender:
         return output_of(self.setup.generate(self.method, ids, n, seed, stop_at_eos), self.owner == "ours")
 
 
-def method_of(cfg: DictConfig, name: str) -> str:
-    """A contender's one method: its configuration's method, which must be a single one."""
-    if cfg.method == "all":
-        raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
-    return str(cfg.method)
-
-
 def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None,
                   failures: Failures | None = None) -> dict[str, Contender]:  # fmt: skip
     """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these.
@@ -106,10 +99,11 @@ def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str
         if only is not None and name not in only:
             continue
         job = compose("bench", overrides=[*base, *delta])
-        method = method_of(job, name)
+        if job.method == "all":  # a contender runs its configuration's one method
+            raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
         setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)
         if setup is not None:
-            built[name] = Contender(name, delta, setup, method)
+            built[name] = Contender(name, delta, setup, str(job.method))
     return built
 
 

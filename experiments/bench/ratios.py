@@ -14,6 +14,7 @@ import math
 
 from specdec.draft.head_store import training_record
 from specdec.metrics import pooled_summaries
+from specdec.quality import check_identical
 from specdec.runtime.study import ClockedRun, throughput
 from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
@@ -44,12 +45,6 @@ def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Pro
     if stats:
         figures["stats"] = pooled_summaries(stats)
     return figures
-
-
-def decode_rate(figures: dict) -> float:
-    """Tokens per second after the prefill, from our Stats pooled over every run."""
-    seconds = figures["stats"]["seconds"]
-    return figures["stats"]["emitted"] / (seconds["total"] - seconds["prefill"])
 
 
 class Figures:
@@ -124,7 +119,9 @@ def theory_ratios(f: Figures, result: dict) -> dict[str, float]:
     theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
     verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
     refined = walltime_improvement(min(alpha, 1.0), cost["c"], k, verify_ratio)  # with the measured pass
-    decode = decode_rate(c[MODEL_CHAIN]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
+    decode_rate = [c[n]["stats"]["emitted"] / (c[n]["stats"]["seconds"]["total"] - c[n]["stats"]["seconds"]["prefill"])
+                   for n in (MODEL_CHAIN, "ar")]  # tokens/s after the prefill: prefills excluded, as in the theory
+    decode = decode_rate[0] / decode_rate[1]
     return {"spec_model_vs_ar": speedup, "alpha": alpha, "c": cost["c"], "theory_speedup": theory,
             "efficiency_vs_theory": speedup / theory, "spec_model_vs_ar_decode_only": decode,
             "efficiency_vs_theory_decode_only": decode / theory, "theory_speedup_with_verify_cost": refined,
@@ -235,25 +232,6 @@ def cost_model_check(c: dict) -> dict:
                 "chosen_k_histogram": st["chosen_k_histogram"],
             }
     return out
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (length mismatch counts), None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "ar") -> dict:
-    """Greedy decoding is deterministic and lossless: every contender must emit the reference's tokens."""
-    mismatches = []
-    for name, per_input in outputs.items():
-        for key, tokens in per_input.items():
-            at = first_difference(tokens, outputs[reference][key])
-            if at is not None:
-                mismatches.append({"contender": name, "prompt": key, "first_difference": at})
-    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches}
 
 
 def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:

@@ -2,12 +2,9 @@
 result written (tables: experiments.bench.table).
 
 - `bench=scaling`: milliseconds per token vs max_new_tokens and vs prompt length (scaling_study).
-- `bench=batch`: throughput against batch size, speculative next to target-only at the same size (batch_study). The
-  bundled prompts are cycled so that every size decodes the same rows; batch 1 runs the single-sequence loop,
-  exactly what a user at batch size 1 runs. Throughput is every row's new tokens over the contender's wall time;
-  latency is the mean, over rows, of the seconds from its batch's start to its last token. Next to each speculative
-  contender: the cost model's view (specdec.choose.cost.CostModel) of the batch, i.e. the k it chose and the tokens
-  per pass it measured.
+- `bench=batch`: throughput and row latency against batch size, speculative next to target-only at the same size
+  (batch_study; batch 1 is the single-sequence loop, what a user at batch size 1 runs), with the cost model's view
+  (specdec.choose.cost.CostModel) of each batch: the k it chose and the tokens per pass it measured.
 - `bench=runtime`: what a target pass costs against its width, eager and compiled, next to the memory bound
   (runtime_study), in an empty inductor cache. The profiles: eager; compiled with inductor's default GEMMs; compiled
   with max_autotune's C++ GEMM template; compiled with the linears on specdec's packed kernel, with a Python or a C++
