@@ -45,22 +45,10 @@ from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table
 
 
-def run_bench(
-    contenders: dict[str, Contender],
-    prompts: list[Prompt],
-    ids: dict[str, torch.Tensor],
-    *,
-    max_new_tokens: int,
-    repetitions: int = 1,
-    seed: int = 0,
-    pass_widths: int = 17,
-    reference: str = "ar",
-    pairs: dict[str, list[str]] | None = None,
-    log: Callable[[str], None] = lambda s: None,
-    load: dict | None = None,
-    failures: Failures | None = None,
-    out: Path | None = None,
-) -> dict:
+def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], *, max_new_tokens: int,
+              repetitions: int = 1, seed: int = 0, pass_widths: int = 17, reference: str = "ar",
+              pairs: dict[str, list[str]] | None = None, log: Callable[[str], None] = lambda s: None,
+              load: dict | None = None, failures: Failures | None = None, out: Path | None = None) -> dict:  # fmt: skip
     """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)), clocked inside each
     model (specdec.runtime.study.interleaved_runs); bench.json. failures: contenders that raised (while built, or
     here: it then runs no more); out: where each contender's figures are written as soon as it finished

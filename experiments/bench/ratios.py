@@ -1,12 +1,6 @@
-"""The benchmark's runs -> figures (throughput per contender and category, our Stats pooled) -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
-chain vs tree at equal width, the cost model's prediction vs measurement, and the greedy output check.
-
-The trained head's keys (bench=heads): the best head over the best copy, the head's draft cost c, its tokens per
-target pass, and the best head over target-only (`<pair>_head_vs_target_only`). A contender drafts with a head when
-its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders whose every draft is a model
-(`draft_kinds: ["model"]`): the calibrated default's online choice over a copy, prompt lookup and the head is not a
-copy.
-"""
+"""The benchmark's runs -> figures (throughput per contender and category, our Stats pooled) -> ratios: ours vs
+Hugging Face's and vs target-only, Thm 3.8, the goal ratios, chain vs tree at equal width, the trained head's, the
+cost model's prediction vs measurement, and the greedy output check."""
 
 from __future__ import annotations
 
@@ -271,9 +265,10 @@ def pair_of(contender: dict) -> str:
 
 
 def head_ratios(f, result: dict) -> dict[str, float]:
-    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k (k tokens every
-    round: no tree, no confidence stop, whose drafting seconds also count rounds that draft nothing), when the
-    bench ran a head; `f` is the bench's ratios.Figures."""
+    """bench=heads: the best head (a HeadDrafter: `drafts: head`) over the best copy (our contenders whose every
+    draft is a model, `draft_kinds: ["model"]`) and over target-only (`<pair>_head_vs_target_only`); head_c and
+    head_tokens_per_pass of the best head chain with a fixed k (k tokens every round: no tree, no confidence stop,
+    whose drafting seconds also count rounds that draft nothing). `f` is the bench's ratios.Figures."""
     heads = f.group("ours", "head")
     copies = [n for n in f.group("ours", "model") if f.c[n].get("draft_kinds", ["model"]) == ["model"]]
     if not heads:
