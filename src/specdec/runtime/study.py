@@ -1,7 +1,10 @@
 """What a target pass costs on this machine: against its width and context, against one read of the weights (the
-memory bound), eager and compiled (the runtime study); and the clock inside each model's forward during a whole
-generation. The measurements behind `python -m experiments.bench` (its costs) and `bench=runtime` (the runtime
-study); the interleaved timings go through specdec.runtime.timing's one loop.
+memory bound), eager and compiled (the runtime study); the clock inside each model's forward during a whole
+generation; and the benchmark's loops: generation loops clocked in an interleaved order and their throughput, time
+per token against output and prompt length (the scaling study), throughput against batch size (the batch study),
+and each input generated once (a load run). The measurements behind `python -m experiments.bench`; the interleaved
+timings go through specdec.runtime.timing's one loop. A loop is a callable the caller builds (any method, ours or
+Hugging Face's): this module measures, the caller decides what runs.
 
 The runtime study, for each runtime profile on the target, in one process, so that every ratio compares timings of
 one machine and load:
