@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from experiments.train_draft import store
+from specdec.draft import head_store
 
 
 def export(folders: list[Path], path: Path) -> None:
@@ -18,7 +18,7 @@ def export(folders: list[Path], path: Path) -> None:
     docs/results/heads-training-*.json and notebook 04 read)."""
     heads = {}
     for folder in folders:
-        meta = json.loads((folder / store.META).read_text())
+        meta = json.loads((folder / head_store.META).read_text())
         heads[folder.name] = {
             "head": meta["settings"]["head"], "train": meta["settings"]["train"], "data": meta["settings"]["data"],
             "teacher": meta["teacher"], "steps": meta["steps"], "training_seconds": meta["training_seconds"],

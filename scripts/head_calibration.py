@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from experiments.records import write_json
-from experiments.train_draft import store
+from specdec.draft import head_store
 from specdec.draft.head import load_head
 from specdec.markdown import markdown_table
 from specdec.runtime.models import load_model
@@ -26,13 +26,13 @@ from specdec.train.head import CONFIDENCE_EDGES, Teacher, confidence_counts
 
 def validation_split(folder: Path, meta: dict) -> Teacher:
     """The head's held-out chunks: the last share of its teacher data, as training split it."""
-    saved = torch.load(store.teacher_of(folder), weights_only=True)
+    saved = torch.load(head_store.teacher_of(folder), weights_only=True)
     return Teacher(**saved["teacher"]).held_out(meta["settings"]["data"]["validation"])[1]
 
 
 def calibration(folder: Path, batch: int = 32) -> dict:
     """Counts per confidence bin over the validation split, and the table by threshold."""
-    meta = json.loads((folder / store.META).read_text())
+    meta = json.loads((folder / head_store.META).read_text())
     target = load_model(meta["target"], dtype=meta["settings"]["dtype"])
     head, validation = load_head(folder, target), validation_split(folder, meta)
     weight = target.get_output_embeddings().weight.detach()

@@ -8,10 +8,7 @@ import pytest
 import torch
 from test_bench import ROOT, TINY
 
-from experiments.bench.figures import pooled_stats
 from experiments.bench.goals import goal_entries
-from experiments.bench.ratios import check_identical
-from experiments.bench.schedule import interleaved
 from experiments.records import machine, strict_json
 from specdec.markdown import markdown_table
 from specdec.runtime.machine import machine_sentence
@@ -29,32 +26,6 @@ def test_unknown_contender_is_refused():
         cfg = compose("bench", overrides=TINY)
         with pytest.raises(ConfigError, match=r"\['warp_drive'\] are not in bench.contenders"):
             contenders_of(cfg, TINY, Pairs(), only=["ar", "warp_drive"])
-
-
-def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():
-    run = {key: 1.0 for key in ("emitted", "drafted", "accepted", "target_forwards", "draft_forwards")}
-    run.update(overlap_sum=0.5, overlap_count=1, tree_rounds=0, tree_nodes_sum=0, tree_depth_sum=0,
-               predicted_tokens=2.0, predicted_seconds=1.0, measured_tokens=1, measured_seconds=2.0)
-    pooled = pooled_stats([{**run, "chosen_k_histogram": [1, 2], "draft_rounds": {"head": 3, "ngram": 1}},
-                           {**run, "chosen_k_histogram": [0, 1, 4], "draft_rounds": {"head": 2, "copy": 5}}])
-    assert pooled["chosen_k_histogram"] == [1, 3, 4]
-    assert pooled["draft_rounds"] == {"copy": 5, "head": 5, "ngram": 1}
-    assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
-
-
-def test_greedy_check_catches_a_different_output():
-    outputs = {
-        "ar": {"p": [1, 2, 3]},
-        "hf_plain": {"p": [1, 2, 3]},
-        "hf_assisted": {"p": [1, 5, 3]},
-        "hf_lookup": {"p": [1, 2]},
-    }
-    check = check_identical(outputs)
-    assert not check["identical"]
-    assert {(m["contender"], m["first_difference"]) for m in check["mismatches"]} == {
-        ("hf_assisted", 1),
-        ("hf_lookup", 2),
-    }
 
 
 def test_goal_entries_and_strict_json():
@@ -78,13 +49,6 @@ def test_goal_entries_and_strict_json():
         "| a | 0.500 |",
         "| b | - |",
     ]
-
-
-def test_interleaved_rotates_who_runs_first():
-    order = list(interleaved(["a", "b", "c"], ["p", "q"], repetitions=2))
-    assert len(order) == 12
-    firsts = [order[i][2] for i in range(0, 12, 3)]
-    assert firsts == ["a", "b", "c", "a"]
 
 
 def test_machine_records_cpu_features_and_bitsandbytes_path():
@@ -208,24 +172,3 @@ def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
     assert "cross_vocab_vs_hf_uag" not in keys
     same_vocabulary = other_ratios(f, {"settings": {**settings, "draft": "ModelDrafter(model=load_model(...))"}})
     assert "cross_vocab_vs_target_only" not in same_vocabulary
-
-
-@pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py
-def test_the_runtime_study_starts_from_the_eager_model():
-    """bench=runtime's eager profile times the eager forward even where the bench loaded the target on the compiled
-    runtime (runtime=auto does for a real-sized target on an AVX-512 CPU): no graph is built while it runs."""
-    from omegaconf import OmegaConf
-
-    from experiments.bench.runtime import run_runtime_study
-    from specdec.runtime.compiled import compile_model, compiled_forward
-    from specdec.runtime.inductor import graphs_built
-    from specdec.runtime.tiny import tiny_model
-
-    model = tiny_model("llama", seed=0)
-    compile_model(model, widths=(4,), capacity=64, dynamic_width=True)  # as loaded; nothing compiles before a pass
-    study = OmegaConf.create({"profiles": {"eager": {"name": "eager"}}, "max_width": 2, "repeats": 1,
-                              "report": "eager"})
-    graphs = graphs_built()
-    result = run_runtime_study(model, [torch.arange(1, 13)[None]], study, n=4, eos=[], log=lambda line: None)
-    assert graphs_built() == graphs and compiled_forward(model) is None
-    assert set(result["profiles"]["eager"]["pass_cost"]) == {1, 2}

@@ -322,3 +322,16 @@ def test_round_statistics_share_the_rounds_among_the_drafts_and_thread_counts_ch
     assert metrics["predicted_over_measured"] == pytest.approx(25 / 15)
     assert histograms == {"accepted_depth": [1, 2, 1, 0, 1, 0], "chosen_k": [1, 0, 1, 1, 2, 0]}
     assert round_statistics([]) == ({}, {})
+
+
+def test_a_switch_drafts_with_its_candidates_kinds():
+    from specdec import DraftSwitch, NGramDrafter
+    from specdec.draft.head import DraftHead
+    from specdec.draft.head_drafter import HeadDrafter
+    from specdec.draft.switch import draft_kind, draft_kinds
+    from specdec.runtime.tiny import tiny_model
+
+    head, lookup = HeadDrafter(DraftHead(tiny_model("llama", seed=0))), NGramDrafter()
+    assert draft_kind(head) == "head" and draft_kind(lookup) == "ngram"
+    assert draft_kinds(DraftSwitch({"head": head, "ngram": lookup})) == ["head", "ngram"]
+    assert draft_kinds(DraftSwitch({"a": lookup, "b": NGramDrafter()})) == ["ngram"]

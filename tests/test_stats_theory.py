@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specdec import ModelDrafter, NGramDrafter, Sampling, speculative_generate
+from specdec.metrics import pooled_summaries
 from specdec.runtime.tiny import perturbed_copy, tiny_model
 from specdec.theory import (
     accepted_length_distribution,
@@ -172,3 +173,14 @@ def test_an_outputs_quality_is_scored_by_the_target(pair):
     assert scored["agreement"] == pytest.approx(2 / 6) and scored["distinct_2"] == pytest.approx(2 / 5)
     assert scored["repetition_4"] == pytest.approx(1 / 3)
     assert output_quality(target, ids, tokens)["agreement"] is None  # no reference (sampling)
+
+
+def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():
+    run = {key: 1.0 for key in ("emitted", "drafted", "accepted", "target_forwards", "draft_forwards")}
+    run.update(overlap_sum=0.5, overlap_count=1, tree_rounds=0, tree_nodes_sum=0, tree_depth_sum=0,
+               predicted_tokens=2.0, predicted_seconds=1.0, measured_tokens=1, measured_seconds=2.0)
+    pooled = pooled_summaries([{**run, "chosen_k_histogram": [1, 2], "draft_rounds": {"head": 3, "ngram": 1}},
+                           {**run, "chosen_k_histogram": [0, 1, 4], "draft_rounds": {"head": 2, "copy": 5}}])
+    assert pooled["chosen_k_histogram"] == [1, 3, 4]
+    assert pooled["draft_rounds"] == {"copy": 5, "head": 5, "ngram": 1}
+    assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5

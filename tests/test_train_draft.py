@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
 from experiments.train_draft import app, store
-from experiments.train_draft.data import encode, whole_records
+from experiments.train_draft.data import whole_records
+from specdec.draft import head_store
+from specdec.train import loop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import head_calibration
@@ -38,7 +40,7 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     cfg = train_cfg(*TINY)
     calls = {"n": 0}
-    loss = app.head_loss
+    loss = loop.head_loss
 
     def interrupting(*args, **kwargs):
         calls["n"] += 1
@@ -46,16 +48,16 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
             raise Interrupted
         return loss(*args, **kwargs)
 
-    monkeypatch.setattr(app, "head_loss", interrupting)
+    monkeypatch.setattr(loop, "head_loss", interrupting)
     with pytest.raises(Interrupted):
         app.run(cfg, tmp_path / "first")
     folder = store.head_folder(cfg)
-    assert torch.load(folder / store.CHECKPOINT, weights_only=False)["state"]["step"] == 10
-    assert not (folder / store.META).exists()
+    assert torch.load(folder / head_store.CHECKPOINT, weights_only=False)["state"]["step"] == 10
+    assert not (folder / head_store.META).exists()
 
-    monkeypatch.setattr(app, "head_loss", loss)
+    monkeypatch.setattr(loop, "head_loss", loss)
     assert app.run(cfg, tmp_path / "second") == folder
-    meta = json.loads((folder / store.META).read_text())
+    meta = json.loads((folder / head_store.META).read_text())
     curve = json.loads((folder / "curve.json").read_text())
     assert meta["steps"] == 30 and [p["step"] for p in curve] == [5, 10, 15, 20, 25, 30]  # resumed at 10
     assert meta["teacher"]["tokens"] > 0 and 0 < meta["final"]["alpha"] <= 1
@@ -68,29 +70,15 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     assert table["thresholds"][0]["share"] == 1 and abs(sum(b["share"] for b in table["bins"]) - 1) < 1e-6
     assert table["thresholds"][0]["greedy_match"] == pytest.approx(meta["final"]["answer_greedy_match"], abs=1e-6)
 
-    assert store.trained_heads("random:tiny-target") == [folder]
+    assert head_store.trained_heads("random:tiny-target") == [folder]
     validate(make_cfg("model=tiny_random", "draft@model.draft=head"))  # the pair finds the trained head
     validate(make_cfg("model=tiny_random", "tree=head"))
     node = OmegaConf.create({"checkpoint": folder.name, "target": None})  # the folder's bare name, as printed
     assert with_target(node, lambda: "target") == {"target": "target", "checkpoint": str(folder)}
-    assert store.head_path("no-such-head") == "no-such-head"  # left for the loader to report
+    assert head_store.head_path("no-such-head") == "no-such-head"  # left for the loader to report
     validate(make_cfg("model=tiny_random", "draft@model.draft=head", f"model.draft.checkpoint={folder.name}"))
     with pytest.raises(ConfigError, match="no trained draft head at no-such-head"):
         validate(make_cfg("model=tiny_random", "draft@model.draft=head", "model.draft.checkpoint=no-such-head"))
-
-
-def test_a_conversation_marks_the_assistants_tokens(smollm2):
-    """encode: the tokens marked as answers are the assistant turns' text and closing tokens, nothing of the user's
-    turns or the template's headers; max_tokens cuts ids and marks alike."""
-    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue is one."},
-             {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green."}]
-    tokenizer = smollm2[1]
-    ids, is_answer = encode(tokenizer, turns)
-    answer = tokenizer.decode(ids[is_answer])
-    assert "Blue is one." in answer and "Green." in answer
-    assert "colour" not in answer and "Another" not in answer and "assistant" not in answer
-    cut_ids, cut_answer = encode(tokenizer, turns, max_tokens=10)
-    assert torch.equal(cut_ids, ids[:10]) and torch.equal(cut_answer, is_answer[:10])
 
 
 def test_sharegpt_reading_stops_at_the_last_whole_record():
@@ -134,16 +122,3 @@ def test_head_keys_of_the_bench():
 
     goals = goal_entries({"head_c": 0.08, "head_tokens_per_pass": 2.0})
     assert goals["head_c"]["met"] and not goals["head_tokens_per_pass"]["met"]  # a cost is met at or below
-
-
-def test_a_switch_drafts_with_its_candidates_kinds():
-    from experiments.bench.contenders import draft_kind, draft_kinds
-    from specdec import DraftSwitch, NGramDrafter
-    from specdec.draft.head import DraftHead
-    from specdec.draft.head_drafter import HeadDrafter
-    from specdec.runtime.tiny import tiny_model
-
-    head, lookup = HeadDrafter(DraftHead(tiny_model("llama", seed=0))), NGramDrafter()
-    assert draft_kind(head) == "head" and draft_kind(lookup) == "ngram"
-    assert draft_kinds(DraftSwitch({"head": head, "ngram": lookup})) == ["head", "ngram"]
-    assert draft_kinds(DraftSwitch({"a": lookup, "b": NGramDrafter()})) == ["ngram"]

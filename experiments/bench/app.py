@@ -8,19 +8,13 @@ and seeds; the pairs share one target (experiments.run.pair.Pairs). Every repeti
 through every contender, in an order rotated per repetition, so machine drift hits all alike; one
 warm-up pass is excluded. Ratios are per category (median over repetitions), their geometric mean over
 categories, checked against experiments.bench.goals. At temperature > 0 the outputs are samples, so the greedy
-equality check is skipped (bench.json says so).
+equality check is skipped (bench.json says so). The load scenario (bench.load): experiments.bench.processes.
 
     python -m experiments.bench                           # offline pair, every category, greedy, 128 tokens
     python -m experiments.bench temperature=1             # the same table at temperature 1
     python -m experiments.bench bench.only=[ar,spec_ngram] +bench.contenders.mine='["model=smollm2_ngram","k=6"]'
     python -m experiments.bench bench=scaling             # time per token vs max_new_tokens and prompt length
     python -m experiments.bench bench=gpu                 # random-weight Llama-3 shapes on a CUDA device
-
-The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
-(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
-start until bench.load.seconds after its generation started; the ratio of their tokens per second is
-default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
-load too.
 """
 
 from __future__ import annotations
@@ -37,71 +31,42 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.runtime.models import encode_prompt
-from specdec.runtime.study import ForwardClock, pass_costs
+from specdec.runtime.study import ClockedRun, ForwardClock, interleaved_runs, pass_costs
 
 from ..records import machine, write_json, write_result
 from ..run.pair import Pairs
 from ..run.prompts import Prompt, load_prompts
 from ..run.settings import CONF_DIR
-from .batch import batch_study
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
-from .figures import contender_figures
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import output_check, pairwise, ratios
-from .schedule import Run, clocked, interleaved
+from .ratios import contender_figures, output_check, pairwise, ratios
+from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table
 
 
-def measure(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], clock: ForwardClock,
-            max_new_tokens: int, repetitions: int, seed: int, failures: Failures, out: Path | None,
-            log: Callable[[str], None]) -> dict[str, dict[str, list[Run]]]:  # fmt: skip
-    """One warm-up per contender (excluded), then the interleaved repetitions; a contender that raises is recorded
-    in failures and runs no more. Each contender's figures go to out/contenders/<name>.json once it has run
-    everything. Returns the runs of the contenders that finished, by prompt."""
-    names = list(contenders)
-    for c in contenders.values():  # warm-up, excluded: first calls allocate, build kernels and caches
-        failures.attempt(c.name, "warm-up", c.run, ids[prompts[0].id], min(8, max_new_tokens), seed)
-    runs: dict[str, dict[str, list[Run]]] = {name: {p.id: [] for p in prompts} for name in names}
-    left = dict.fromkeys(names, len(prompts) * repetitions)
-    for rep, prompt, name in interleaved(names, prompts, repetitions):
-        run = failures.attempt(name, "run", clocked, clock, contenders[name].run, ids[prompt.id], max_new_tokens, seed + rep)
-        if run is None:
-            continue
-        runs[name][prompt.id].append(run)
-        log(f"rep {rep} {prompt.id:16s} {name:20s} {len(run.tokens):4d} tok {len(run.tokens) / run.seconds:6.1f} tok/s")
-        left[name] -= 1
-        if left[name] == 0 and out is not None:
-            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs[name], prompts)})
-    return {name: runs[name] for name in names if name not in failures.failed}
-
-
-def run_bench(
-    contenders: dict[str, Contender],
-    prompts: list[Prompt],
-    ids: dict[str, torch.Tensor],
-    *,
-    max_new_tokens: int,
-    repetitions: int = 1,
-    seed: int = 0,
-    pass_widths: int = 17,
-    reference: str = "ar",
-    pairs: dict[str, list[str]] | None = None,
-    log: Callable[[str], None] = lambda s: None,
-    load: dict | None = None,
-    failures: Failures | None = None,
-    out: Path | None = None,
-) -> dict:
-    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)); bench.json.
-    failures: contenders that raised (while built, or here); out: where each contender's figures are written as
-    soon as it finished (out/contenders/<name>.json)."""
+def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], *, max_new_tokens: int,
+              repetitions: int = 1, seed: int = 0, pass_widths: int = 17, reference: str = "ar",
+              pairs: dict[str, list[str]] | None = None, log: Callable[[str], None] = lambda s: None,
+              load: dict | None = None, failures: Failures | None = None, out: Path | None = None) -> dict:  # fmt: skip
+    """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)), clocked inside each
+    model (specdec.runtime.study.interleaved_runs); bench.json. failures: contenders that raised (while built, or
+    here: it then runs no more); out: where each contender's figures are written as soon as it finished
+    (out/contenders/<name>.json)."""
     failures = failures or Failures(log)
     default = contenders[DEFAULT].setup
     drafts = {id(c.setup.pair.draft_model): c.setup.pair.draft_model for c in contenders.values()}
     models = {"target": default.pair.target, **{f"draft{i or ''}": m for i, m in enumerate(d for d in drafts.values() if d is not None)}}
     clock = ForwardClock(models)
-    runs = measure(contenders, prompts, ids, clock, max_new_tokens, repetitions, seed, failures, out, log)
+
+    def finished(name: str, runs: dict[str, list[ClockedRun]]) -> None:  # its figures, as soon as it has run everything
+        if out is not None:
+            write_json(out / "contenders" / f"{name}.json", {**contenders[name].figures(), **contender_figures(runs, prompts)})
+
+    runs = interleaved_runs({name: c.run for name, c in contenders.items()}, {p.id: ids[p.id] for p in prompts},
+                            max_new_tokens, repetitions, seed, clock, failures.attempt, finished, log)
     clock.remove()
+    runs = {name: runs[name] for name in contenders if name not in failures.failed}  # a contender that raised: no more
     if not runs:
         raise RuntimeError(f"every contender failed: {failures.failed}")
     plan = default.plan
@@ -176,18 +141,11 @@ def bench(cfg: DictConfig) -> dict:
         return {}
     print(f"writing to {out}", flush=True)
     if b.scaling:
-        from .scaling import run_scaling, scaling_table
-
-        result = run_scaling(contenders, ids[prompts[0].id], b.scaling, seed=cfg.seed, log=print)
-        result.update(machine=machine(first.plan.device), command=command)
-        write_result(out, "scaling", result, scaling_table(result))
-        return result
+        return run_scaling(contenders, ids[prompts[0].id], cfg, command, out)
     if b.get("batching"):
-        return batch_study(contenders, prompts, ids, cfg, command, out)
+        return run_batching(contenders, prompts, ids, cfg, command, out)
     if b.get("runtime_study"):
-        from .runtime import runtime_study
-
-        return runtime_study(contenders[b.reference].setup, [ids[p.id] for p in prompts], cfg, command, out)
+        return run_runtime(contenders[b.reference].setup, [ids[p.id] for p in prompts], cfg, command, out)
     default = contenders[DEFAULT].setup
     load = None
     if b.load:  # before the comparison, which then runs on a quiet machine again

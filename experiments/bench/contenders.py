@@ -19,13 +19,27 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig
 
+from specdec import Generation
+from specdec.draft.switch import draft_kind, draft_kinds
+from specdec.metrics import round_totals
+
 from ..run.methods import Setup, setup_of
 from ..run.pair import Pairs
 from ..run.settings import ConfigError, check_choice, check_int
-from .schedule import Output, output_of
 
 DEFAULT = "default"  # the default run's own configuration: always a contender
 T = TypeVar("T")
+
+
+@dataclass
+class Output:
+    tokens: torch.Tensor  # (n,) new tokens
+    stats: dict | None = None  # our Stats summary; None for Hugging Face's loops
+
+
+def output_of(g: Generation, ours: bool) -> Output:
+    """A contender's output; our loops add their statistics (specdec.metrics.round_totals)."""
+    return Output(g.tokens, round_totals(g.stats) if ours else None)
 
 
 @dataclass
@@ -71,13 +85,6 @@ class Contender:
         return output_of(self.setup.generate(self.method, ids, n, seed, stop_at_eos), self.owner == "ours")
 
 
-def method_of(cfg: DictConfig, name: str) -> str:
-    """A contender's one method: its configuration's method, which must be a single one."""
-    if cfg.method == "all":
-        raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
-    return str(cfg.method)
-
-
 def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str] | None = None,
                   failures: Failures | None = None) -> dict[str, Contender]:  # fmt: skip
     """The contenders of cfg.bench (and the default run's configuration), composed on top of base; only: these.
@@ -92,10 +99,11 @@ def contenders_of(cfg: DictConfig, base: list[str], pairs: Pairs, only: list[str
         if only is not None and name not in only:
             continue
         job = compose("bench", overrides=[*base, *delta])
-        method = method_of(job, name)
+        if job.method == "all":  # a contender runs its configuration's one method
+            raise ConfigError(f"bench contender {name}: method=all runs several methods; name one (speculative, naive, ...)")
         setup = failures.attempt(name, "build", setup_of, job, pairs) if failures and name != DEFAULT else setup_of(job, pairs)
         if setup is not None:
-            built[name] = Contender(name, delta, setup, method)
+            built[name] = Contender(name, delta, setup, str(job.method))
     return built
 
 
@@ -119,28 +127,6 @@ def check_bench(b: DictConfig) -> None:
         check_int(b.load.processes, "bench.load.processes", 1)
         for name in b.load.contenders:
             check_choice(name, tuple(names), "bench.load.contenders")
-
-
-def draft_kind(drafter) -> str:
-    """What drafts: "head", "ngram" (a lookup), "hybrid" (a tree of both), or "model" (a copy or another model; a
-    DraftSwitch, the calibrated default's online choice, counts as one whatever its candidates: see draft_kinds)."""
-    from specdec.draft.head_drafter import HeadDrafter
-    from specdec.draft.model import HybridTreeDrafter
-    from specdec.draft.ngram import NGramDrafter, NGramTreeDrafter
-
-    if isinstance(drafter, HeadDrafter):
-        return "head"
-    return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(
-        drafter, (NGramDrafter, NGramTreeDrafter)) else "model"
-
-
-def draft_kinds(drafter) -> list[str]:
-    """The kinds a drafter drafts with: each candidate's of a DraftSwitch, else its own (draft_kind)."""
-    from specdec.draft.switch import DraftSwitch
-
-    if isinstance(drafter, DraftSwitch):
-        return sorted({draft_kind(candidate) for candidate in drafter.candidates.values()})
-    return [draft_kind(drafter)]
 
 
 class Failures:

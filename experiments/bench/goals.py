@@ -63,13 +63,8 @@ AT_MOST = {"head_c"}  # goals met at or below their threshold (a cost); every ot
 # (efficiency_vs_theory), the best drafter in summarization and retrieval (best_drafter_vs_ar_*).
 
 
-# the four ratios issue 9 asks for, in its order
-ISSUE_9 = (
-    "best_vs_target_only_geomean",
-    "best_vs_target_only_min_category",
-    "vs_hf_prompt_lookup",
-    "vs_hf_assisted",
-)
+ISSUE_9 = ("best_vs_target_only_geomean", "best_vs_target_only_min_category", "vs_hf_prompt_lookup",
+           "vs_hf_assisted")  # the four ratios issue 9 asks for, in its order
 
 
 def target_of(key: str, flags: list[str], greedy: bool) -> tuple[float, str | None]:
@@ -84,27 +79,29 @@ def target_of(key: str, flags: list[str], greedy: bool) -> tuple[float, str | No
     return goal[variant], variant
 
 
+def met(value: float | None, target: float, at_most: bool = False, exact: bool = False) -> bool | None:
+    """Whether a measured value meets its target: at most or at least it, or within 1e-9 of it (exact); None when
+    the value was not measured (None or NaN)."""
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return abs(value - target) < 1e-9 if exact else value <= target if at_most else value >= target
+
+
 def goal_entries(ratios: dict[str, float], flags: list[str] = (), greedy: bool = True) -> dict[str, dict[str, object]]:
     """{key: {"value", "target", "met"}} for each goal whose ratio was measured (NaN: value and met None); flags:
     the machine's CPU flags, greedy: temperature 0 (goals whose threshold depends on them). An exact goal (the
     greedy block ratio, 1.00) is met within 1e-9."""
     entries: dict[str, dict[str, object]] = {}
-    for key in GOALS:
-        if key not in ratios:
-            continue
-        value = ratios[key]
+    for key in [key for key in GOALS if key in ratios]:
         target, variant = target_of(key, list(flags), greedy)
-        measured = value is not None and not math.isnan(value)
-        exact = variant == "greedy"
-        reached = value <= target if key in AT_MOST else value >= target
-        met = (abs(value - target) < 1e-9 if exact else reached) if measured else None
-        entries[key] = {"value": value if measured else None, "target": target, "met": met}
+        flag = met(ratios[key], target, key in AT_MOST, variant == "greedy")
+        entries[key] = {"value": None if flag is None else ratios[key], "target": target, "met": flag}
         if variant is not None:
             entries[key]["target_for"] = variant
     return entries
 
 
-# bench=runtime (experiments/bench/runtime.py): the compiled runtime's pass costs and step, each at most its
+# bench=runtime (experiments/bench/studies.py): the compiled runtime's pass costs and step, each at most its
 # threshold (a pass of 2-5 tokens about one step; the step near the time to read the weights once), and its
 # target-only loop against Hugging Face's eager generate, at least its threshold
 RUNTIME_GOALS: dict[str, tuple[str, float]] = {
@@ -119,10 +116,8 @@ def runtime_goal_entries(keys: dict[str, object]) -> dict[str, dict[str, object]
     """{key: {"value", "target", "direction", "met"}} for each runtime goal measured (None: not measured)."""
     entries = {}
     for key, (direction, target) in RUNTIME_GOALS.items():
-        value = keys.get(key)
-        measured = isinstance(value, float) and not math.isnan(value)
-        met = (value <= target if direction == "at_most" else value >= target) if measured else None
-        entries[key] = {"value": value if measured else None, "target": target, "direction": direction, "met": met}
+        flag = met(keys.get(key), target, direction == "at_most")
+        entries[key] = {"value": None if flag is None else keys[key], "target": target, "direction": direction, "met": flag}
     return entries
 
 

@@ -1,5 +1,10 @@
-"""Contenders in fresh processes: the load scenario (a contender under competing busy loops, its start-up
-included) and each contender's peak memory.
+"""Contenders in fresh processes: the load scenario and each contender's peak memory.
+
+The load scenario (bench.load): target-only and the default configuration each run again in a fresh process
+(loading, threads=auto and the calibration included) while competing busy loops run, from the process's
+start until bench.load.seconds after its generation started; the ratio of their tokens per second is
+default_under_load_vs_target_only: the same schedule of load for both, the default's start-up measured under
+load too.
 """
 
 from __future__ import annotations
@@ -14,11 +19,18 @@ from pathlib import Path
 import torch
 
 from specdec.runtime.machine import peak_rss_mb, reset_peak_rss
+from specdec.runtime.study import generations
 
 from ..run.prompts import Prompt
 from .contenders import Contender
 
 GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates
+
+
+def bench_command(base: list[str], one: str, folder: Path) -> list[str]:
+    """`python -m experiments.bench` with the overrides base and `one` (the contender it runs), writing to folder."""
+    return [sys.executable, "-m", "experiments.bench", *base, one, "bench.memory=false", f"hydra.run.dir={folder}",
+            "hydra.output_subdir=null"]
 
 
 def busy_loops(processes: int) -> list[subprocess.Popen]:
@@ -36,8 +48,7 @@ def stop(loops: list[subprocess.Popen]) -> None:
 def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes: int) -> dict:
     """The contender `name` in a fresh process (overrides base), under `processes` busy loops from its start until
     `seconds` after its generation starts; what the process measured (run_load_of), plus when the load stopped."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.load_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'load' / name}", "hydra.output_subdir=null"]  # fmt: skip
+    cmd = bench_command(base, f"bench.load_of={name}", out / "load" / name)
     loops = busy_loops(processes)
     started = time.perf_counter()
     timer, lines, stopped = None, [], {}
@@ -67,32 +78,18 @@ def load_run_of(name: str, base: list[str], out: Path, seconds: float, processes
 
 def run_load_of(contender: Contender, prompts: list[Prompt], ids: dict[str, torch.Tensor], n: int, seed: int,
                 started: float) -> dict:  # fmt: skip
-    """In the load run's process: one warm-up, then every prompt once; tokens, seconds and the decisions."""
+    """In the load run's process: one warm-up, then every prompt once (specdec.runtime.study.generations)."""
     contender.run(ids[prompts[0].id], min(8, n), seed)
     print(f"{GENERATING} {time.perf_counter() - started:.1f} s after the start", flush=True)
-    rows, generating = [], time.perf_counter()
-    for prompt in prompts:
-        setup = contender.setup
-        out = setup.generate(contender.method, ids[prompt.id], n, seed)
-        stats = out.stats
-        rows.append({
-            "prompt": prompt.id, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
-            "started_s": time.perf_counter() - generating - stats.seconds["total"],
-            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
-            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
-            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
-            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
-        })  # fmt: skip
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "generation_started_s": generating - started, "prompts": rows}  # fmt: skip
+    generating = time.perf_counter()
+    figures = generations(lambda row: contender.setup.generate(contender.method, row, n, seed), {p.id: ids[p.id] for p in prompts})
+    return figures | {"generation_started_s": generating - started}
 
 
 def memory_of(name: str, base: list[str], out: Path) -> dict:
     """Peak RSS of a fresh process that builds only the contender `name` and runs it once on one prompt."""
-    cmd = [sys.executable, "-m", "experiments.bench", *base, f"bench.memory_of={name}", "bench.memory=false",
-           f"hydra.run.dir={out / 'memory'}", "hydra.output_subdir=null"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(bench_command(base, f"bench.memory_of={name}", out / "memory"), capture_output=True,
+                          text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

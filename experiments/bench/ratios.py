@@ -1,24 +1,19 @@
-"""The benchmark's figures -> ratios: ours vs Hugging Face's and vs target-only, Thm 3.8, the goal ratios,
-chain vs tree at equal width, the cost model's prediction vs measurement, and the greedy output check.
-
-The trained head's keys (bench=heads): the best head over the best copy, the head's draft cost c, its tokens per
-target pass, and the best head over target-only (`<pair>_head_vs_target_only`). A contender drafts with a head when
-its drafter is a HeadDrafter (`drafts: head`); the copies are our contenders whose every draft is a model
-(`draft_kinds: ["model"]`): the calibrated default's online choice over a copy, prompt lookup and the head is not a
-copy.
-"""
+"""The benchmark's runs -> figures (throughput per contender and category, our Stats pooled) -> ratios: ours vs
+Hugging Face's and vs target-only, Thm 3.8, the goal ratios, chain vs tree at equal width, the trained head's, the
+cost model's prediction vs measurement, and the greedy output check."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
+from specdec.draft.head_store import training_record
+from specdec.metrics import pooled_summaries
+from specdec.quality import check_identical
+from specdec.runtime.study import ClockedRun, throughput
 from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
 
-from .figures import decode_rate, geomean
-from .schedule import Run
+from ..run.prompts import Prompt
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules
@@ -31,6 +26,19 @@ HEADLINE = {  # ratio -> (ours, Hugging Face's), pooled tokens/s over tokens/s, 
 }
 SHORT_OUTPUTS = 32  # max_new_tokens at or below which the default over target-only is short_outputs_vs_target_only
 EQUAL_WIDTH = {"ngram": ("spec_ngram", "tree_ngram"), "model": (MODEL_CHAIN, "tree_model")}  # (chain, tree)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def contender_figures(per_prompt: dict[str, list[ClockedRun]], prompts: list[Prompt]) -> dict:
+    """specdec.runtime.study.throughput of the contender's runs, with our statistics pooled."""
+    figures = throughput(per_prompt, {p.id: p.category for p in prompts})
+    stats = [r.stats for rs in per_prompt.values() for r in rs if r.stats]
+    if stats:
+        figures["stats"] = pooled_summaries(stats)
+    return figures
 
 
 class Figures:
@@ -105,7 +113,9 @@ def theory_ratios(f: Figures, result: dict) -> dict[str, float]:
     theory = walltime_improvement(min(alpha, 1.0), cost["c"], k)  # Thm 3.8
     verify_ratio = cost["target_verify_ms_by_k"][k] / cost["target_step_ms"]
     refined = walltime_improvement(min(alpha, 1.0), cost["c"], k, verify_ratio)  # with the measured pass
-    decode = decode_rate(c[MODEL_CHAIN]) / decode_rate(c["ar"])  # prefills excluded, as in the theory
+    decode_rate = [c[n]["stats"]["emitted"] / (c[n]["stats"]["seconds"]["total"] - c[n]["stats"]["seconds"]["prefill"])
+                   for n in (MODEL_CHAIN, "ar")]  # tokens/s after the prefill: prefills excluded, as in the theory
+    decode = decode_rate[0] / decode_rate[1]
     return {"spec_model_vs_ar": speedup, "alpha": alpha, "c": cost["c"], "theory_speedup": theory,
             "efficiency_vs_theory": speedup / theory, "spec_model_vs_ar_decode_only": decode,
             "efficiency_vs_theory_decode_only": decode / theory, "theory_speedup_with_verify_cost": refined,
@@ -218,25 +228,6 @@ def cost_model_check(c: dict) -> dict:
     return out
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (length mismatch counts), None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "ar") -> dict:
-    """Greedy decoding is deterministic and lossless: every contender must emit the reference's tokens."""
-    mismatches = []
-    for name, per_input in outputs.items():
-        for key, tokens in per_input.items():
-            at = first_difference(tokens, outputs[reference][key])
-            if at is not None:
-                mismatches.append({"contender": name, "prompt": key, "first_difference": at})
-    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches}
-
-
 def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:
     """Named ratios of two contenders' median tokens/s (pooled over the prompts): ours over theirs; pairs with
     a contender that did not run (bench.only) are left out."""
@@ -244,7 +235,7 @@ def pairwise(contenders: dict, pairs: dict[str, list[str]]) -> dict[str, float]:
             for key, (a, b) in pairs.items() if a in contenders and b in contenders}  # fmt: skip
 
 
-def output_check(runs: dict[str, dict[str, list[Run]]], sampling: Sampling, reference: str) -> dict:
+def output_check(runs: dict[str, dict[str, list[ClockedRun]]], sampling: Sampling, reference: str) -> dict:
     """Greedy: every contender's first output per prompt against the reference's; sampling: skipped, said why."""
     names = list(runs)
     if not sampling.greedy:
@@ -274,9 +265,10 @@ def pair_of(contender: dict) -> str:
 
 
 def head_ratios(f, result: dict) -> dict[str, float]:
-    """head_vs_best_copy, and head_c and head_tokens_per_pass of the best head chain with a fixed k (k tokens every
-    round: no tree, no confidence stop, whose drafting seconds also count rounds that draft nothing), when the
-    bench ran a head; `f` is the bench's ratios.Figures."""
+    """bench=heads: the best head (a HeadDrafter: `drafts: head`) over the best copy (our contenders whose every
+    draft is a model, `draft_kinds: ["model"]`) and over target-only (`<pair>_head_vs_target_only`); head_c and
+    head_tokens_per_pass of the best head chain with a fixed k (k tokens every round: no tree, no confidence stop,
+    whose drafting seconds also count rounds that draft nothing). `f` is the bench's ratios.Figures."""
     heads = f.group("ours", "head")
     copies = [n for n in f.group("ours", "model") if f.c[n].get("draft_kinds", ["model"]) == ["model"]]
     if not heads:
@@ -294,13 +286,3 @@ def head_ratios(f, result: dict) -> dict[str, float]:
         "head_tokens_per_pass": stats["emitted"] / stats["target_forwards"] if stats["target_forwards"] else math.nan,
         f"{model}_head_vs_target_only": f.category_geomean(best) / f.category_geomean("ar") if "ar" in f.c else math.nan,
     }
-
-
-def training_record(folder: str | None) -> dict | None:
-    """How the head was trained (its meta.json): the folder, data, tokens, steps, minutes, final acceptance."""
-    if folder is None or not (Path(folder) / "meta.json").is_file():
-        return None
-    meta = json.loads((Path(folder) / "meta.json").read_text())
-    keep = ("teacher", "steps", "training_seconds", "training_chunks", "validation_chunks", "final")
-    return {"folder": folder, "head": meta["settings"]["head"], "train": meta["settings"]["train"],
-            "data": meta["settings"]["data"], **{k: meta[k] for k in keep}}

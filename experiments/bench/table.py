@@ -1,6 +1,11 @@
-"""The benchmark's result -> bench.md: goals, ratios, contenders, chain vs tree, pass cost, cost model, machine."""
+"""The benchmark's result -> bench.md: goals, ratios, contenders, chain vs tree, pass cost, cost model, machine; and
+the tables of the scaling, batch and runtime studies.
+
+Each section is a function of the result giving its lines; `table` writes one markdown table under a sentence."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from specdec.markdown import cell, markdown_table
 from specdec.runtime.machine import machine_sentence
@@ -8,13 +13,9 @@ from specdec.runtime.machine import machine_sentence
 from .goals import AT_MOST, ISSUE_9, NOT_MEASURED
 
 
-def load_plain_share(run: dict) -> float | None:
-    """Share of a load run's rounds that drafted nothing (None for target-only)."""
-    rounds = [p["rounds"] for p in run["prompts"]]
-    shares = [p["plain_step_share"] for p in run["prompts"]]
-    if not any(rounds) or any(s is None for s in shares):
-        return None
-    return sum(s * n for s, n in zip(shares, rounds)) / sum(rounds)
+def table(title: str | None, columns: Sequence[str], rows: list, fmt: str = "{:.3f}") -> list[str]:
+    """A section's lines: a blank line, the sentence (if any) and a blank line, the markdown table."""
+    return ["", *([title, ""] if title else []), markdown_table(columns, rows, fmt=fmt)]
 
 
 def bench_table(result: dict) -> str:
@@ -23,22 +24,22 @@ def bench_table(result: dict) -> str:
     and the costs."""
     sections = (head_section, failed_section, goals_section, vs_target_only_section, contenders_section, trees_section,
                 pass_cost_section, cost_model_section, load_section, ratios_section, check_section, costs_section)
-    lines = [line for section in sections for line in section(result)]
+    return document([line for section in sections for line in section(result)])
+
+
+def document(lines: list[str]) -> str:
+    """The lines of a markdown file, without the first section's leading blank line."""
     return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"
 
 
 def head_section(result: dict) -> list[str]:
     s = result["settings"]
-    head = (
-        f"model={s.get('model')}, k={s['k']}, k_max={s.get('k_max')}, temperature={s['temperature']}, "
-        f"max_new_tokens={s['max_new_tokens']}, repetitions={s['repetitions']}, prompts={len(s['prompts'])}"
-    )
-    lines = [head, "", (f"The default run drafts with {s.get('draft')}. Each contender is `python -m experiments.run` "
-             "with the bench's command line and these overrides:"), ""]
-    lines.append(markdown_table(
-        ["contender", "method", "overrides"],
-        [[name, f["method"], " ".join(f["overrides"]) or "(the default run)"] for name, f in result["contenders"].items()],
-    ))  # fmt: skip
+    lines = [(f"model={s.get('model')}, k={s['k']}, k_max={s.get('k_max')}, temperature={s['temperature']}, "
+              f"max_new_tokens={s['max_new_tokens']}, repetitions={s['repetitions']}, prompts={len(s['prompts'])}")]
+    lines += table(f"The default run drafts with {s.get('draft')}. Each contender is `python -m experiments.run` "
+                   "with the bench's command line and these overrides:", ["contender", "method", "overrides"],
+                   [[name, f["method"], " ".join(f["overrides"]) or "(the default run)"]
+                    for name, f in result["contenders"].items()])  # fmt: skip
     if "calibration" in result:
         lines += ["", f"Draft calibration chose {result['calibration']['chosen']}: {result['calibration']['reason']}"]
     if "machine" in result:
@@ -48,22 +49,16 @@ def head_section(result: dict) -> list[str]:
 
 def goals_section(result: dict) -> list[str]:
     goals = result.get("goals", {})
-    rows = [
-        [key, g["value"], f">= {g['target']}", {True: "met", False: "not met", None: g.get("status", "-")}[g["met"]],
-         g.get("contender") or "",
-         g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or [])]
-        for key, g in goals.items()
-        if key in ISSUE_9
-    ]  # fmt: skip
-    lines = ["", markdown_table(["goal", "value", "target", "met", "ours", "against"], rows)]
+    rows = [[key, g["value"], f">= {g['target']}", {True: "met", False: "not met", None: g.get("status", "-")}[g["met"]],
+             g.get("contender") or "",
+             g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or [])]
+            for key, g in goals.items() if key in ISSUE_9]  # fmt: skip
+    lines = table(None, ["goal", "value", "target", "met", "ours", "against"], rows)
     lookup = goals.get("vs_hf_prompt_lookup", {})
     if lookup.get("hf_best_fixed_k") is not None:
-        lines += [
-            "",
-            f"Hugging Face prompt lookup's best fixed k: {lookup['hf_best_fixed_k']} "
-            f"({lookup['hf_best_fixed_k_contender']}); ours ({lookup.get('contender')}) against it: "
-            + cell(result["ratios"].get("vs_hf_prompt_lookup_best_fixed_k")),
-        ]
+        lines += ["", f"Hugging Face prompt lookup's best fixed k: {lookup['hf_best_fixed_k']} "
+                  f"({lookup['hf_best_fixed_k_contender']}); ours ({lookup.get('contender')}) against it: "
+                  + cell(result["ratios"].get("vs_hf_prompt_lookup_best_fixed_k"))]  # fmt: skip
     return lines
 
 
@@ -77,8 +72,8 @@ def vs_target_only_section(result: dict) -> list[str]:
     categories = categories_of(result)
     rows = [[name, *(v["by_category"][cat] for cat in categories), v["geomean"], v["min_category"]]
             for name, v in result["vs_target_only"].items()]  # fmt: skip
-    return ["", "Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean and worst:",
-            "", markdown_table(["contender", *categories, "geomean", "worst"], rows, fmt="{:.2f}")]  # fmt: skip
+    return table("Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean and worst:",
+                 ["contender", *categories, "geomean", "worst"], rows, "{:.2f}")
 
 
 def contenders_section(result: dict) -> list[str]:
@@ -95,75 +90,71 @@ def contenders_section(result: dict) -> list[str]:
     categories = categories_of(result)
     by_category = [[name, *(f["by_category"][c]["median"] for c in categories)]
                    for name, f in result["contenders"].items()]  # fmt: skip
-    return ["", markdown_table(columns, rows, fmt="{:.1f}"), "",
-            markdown_table(["contender (tok/s)", *categories], by_category, fmt="{:.1f}")]  # fmt: skip
+    return table(None, columns, rows, "{:.1f}") + table(None, ["contender (tok/s)", *categories], by_category, "{:.1f}")
 
 
 def trees_section(result: dict) -> list[str]:
     trees = result.get("chain_vs_tree") or {}
-    if not trees:
-        return []
     rows = [[d, e["pass_width"], shape, e[shape]["contender"], e[shape]["tokens_per_pass"],
              e[shape]["tokens_per_second"], cell(e[shape]["verify_ms_per_pass"], "{:.1f}")]
             for d, e in trees.items() for shape in ("chain", "tree")]  # fmt: skip
     columns = ["drafter", "pass width", "shape", "contender", "tokens per pass", "tok/s", "verify ms per pass"]
-    return ["", "Chain vs tree at the same pass width:", "", markdown_table(columns, rows, fmt="{:.2f}")]
+    return table("Chain vs tree at the same pass width:", columns, rows, "{:.2f}") if trees else []
 
 
 def pass_cost_section(result: dict) -> list[str]:
     c = result["costs"]
     if "pass_ms_by_width" not in c:
         return []
-    widths = list(c["pass_ms_by_width"])
     rows = [["ms", *c["pass_ms_by_width"].values()], ["/ one step", *c["pass_cost_by_width"].values()]]
-    return ["", f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token context:", "",
-            markdown_table(["width", *map(str, widths)], rows, fmt="{:.2f}")]  # fmt: skip
+    return table(f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token context:",
+                 ["width", *map(str, c["pass_ms_by_width"])], rows, "{:.2f}")
 
 
 def cost_model_section(result: dict) -> list[str]:
-    if not result.get("cost_model"):
-        return []
     rows = [[name, v["predicted_tokens_per_second"], v["measured_tokens_per_second"], v["measured_over_predicted"],
-             str(v["chosen_k_histogram"])] for name, v in result["cost_model"].items()]  # fmt: skip
+             str(v["chosen_k_histogram"])] for name, v in (result.get("cost_model") or {}).items()]  # fmt: skip
     columns = ["contender", "predicted tok/s", "measured tok/s", "measured / predicted", "chosen k histogram"]
-    return ["", 'k="auto": the cost model\'s prediction over the rounds it predicted vs what they measured:', "",
-            markdown_table(columns, rows, fmt="{:.2f}")]
+    return table('k="auto": the cost model\'s prediction over the rounds it predicted vs what they measured:',
+                 columns, rows, "{:.2f}") if rows else []
+
+
+def load_plain_share(run: dict) -> float | None:
+    """Share of a load run's rounds that drafted nothing (None for target-only)."""
+    rounds = [p["rounds"] for p in run["prompts"]]
+    shares = [p["plain_step_share"] for p in run["prompts"]]
+    if not any(rounds) or any(s is None for s in shares):
+        return None
+    return sum(s * n for s, n in zip(shares, rounds)) / sum(rounds)
 
 
 def load_section(result: dict) -> list[str]:
-    if not result.get("load"):
+    load = result.get("load")
+    if not load:
         return []
-    load = result["load"]
     rows = [[name, r["tokens"], r["seconds"], r["tokens_per_second"], r["generation_started_s"], r["load_stopped_s"],
              load_plain_share(r)] for name, r in load["runs"].items()]  # fmt: skip
     columns = ["contender", "tokens", "seconds", "tokens/s", "generation started (s)", "load stopped (s)", "plain steps"]
-    return ["", (f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
+    return table(f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
                  f"auto and calibration included) until {load['seconds']} s into its generation; one fresh "
-                 "process per contender, every prompt once:"), "", markdown_table(columns, rows)]  # fmt: skip
+                 "process per contender, every prompt once:", columns, rows)  # fmt: skip
 
 
-def goal_target(goals: dict, key: str) -> str:
-    goal = goals.get(key)
+def goal_target(goal: dict | None, key: str) -> str:
     if goal is None:
         return ""
     relation = "= " if goal.get("target_for") == "greedy" else "<= " if key in AT_MOST else ">= "
     return relation + f"{goal['target']}" + (f" ({goal['target_for']})" if goal.get("target_for") else "")
 
 
-def goal_met(goals: dict, key: str) -> str:
-    flag = goals.get(key, {}).get("met")
-    return "" if flag is None else "yes" if flag else "no"
-
-
 def ratios_section(result: dict) -> list[str]:
-    goals = result.get("goals", {})
-    lines = []
-    if result.get("pairwise"):
-        lines += ["", "Pairwise (median tokens/s, ours over theirs):", "",
-                  markdown_table(["ratio", "value"], [[k, v] for k, v in result["pairwise"].items()])]  # fmt: skip
-    rows = [[key, value, goal_target(goals, key), goal_met(goals, key)] for key, value in result["ratios"].items()]
-    return lines + ["", f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",
-                    "", markdown_table(["ratio", "value", "target", "met"], rows)]  # fmt: skip
+    goals, pairwise = result.get("goals", {}), result.get("pairwise")
+    lines = table("Pairwise (median tokens/s, ours over theirs):", ["ratio", "value"],
+                  [[k, v] for k, v in pairwise.items()]) if pairwise else []  # fmt: skip
+    rows = [[key, value, goal_target(goals.get(key), key), {None: "", True: "yes", False: "no"}[goals.get(key, {}).get("met")]]
+            for key, value in result["ratios"].items()]  # fmt: skip
+    return lines + table(f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",
+                         ["ratio", "value", "target", "met"], rows)  # fmt: skip
 
 
 def check_section(result: dict) -> list[str]:
@@ -186,9 +177,47 @@ def costs_section(result: dict) -> list[str]:
 def failed_section(result: dict) -> list[str]:
     """bench.md's list of failed contenders: stage and error line."""
     failed = result.get("failed") or {}
-    if not failed:
-        return []
     rows = [[name, f["stage"], f["error"].replace("|", "\\|")[:300]] for name, f in failed.items()]
-    head = (f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them are "
-            f"{NOT_MEASURED}.")  # fmt: skip
-    return ["", head, "", markdown_table(["contender", "stage", "error"], rows)]
+    return table(f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them are "
+                 f"{NOT_MEASURED}.", ["contender", "stage", "error"], rows) if failed else []  # fmt: skip
+
+
+def batch_table(result: dict) -> str:
+    """Throughput (tokens/s) and the ratio to the baseline by batch size, one row per contender."""
+    sizes, c = result["sizes"], result["contenders"]
+    by_size = ["contender", *[f"B={s}" for s in sizes]]
+    rows = [[name, s, c[name][str(s)]["latency_s"], c[name][str(s)]["peak_rss_mb"], c[name][str(s)]["tokens_per_row_pass"],
+             c[name][str(s)]["chosen_k_mean"], result["agreement"][name][str(s)]] for name in c for s in sizes]  # fmt: skip
+    return document(
+        table("### tokens/s (all rows) by batch size", by_size,
+              [[name, *[c[name][str(s)]["tokens_per_second"] for s in sizes]] for name in c], "{:.1f}")
+        + table("### ratio to target-only at the same batch size", by_size,
+                [[name, *[r[str(s)] for s in sizes]] for name, r in result["ratios"].items()], "{:.2f}")
+        + table("### mean row latency (s), peak RSS (MB), tokens per row-pass, mean chosen k",
+                ["contender", "B", "latency_s", "peak_rss_mb", "tokens/row-pass", "k mean", "agreement"], rows, "{:.2f}"))
+
+
+def scaling_table(result: dict) -> str:
+    return document([line for key in ("by_max_new_tokens", "by_prompt_length")
+                     for line in table(f"### {key}", list(result[key][0]),
+                                       [list(r.values()) for r in result[key]], "{:.1f}")])  # fmt: skip
+
+
+def runtime_table(result: dict) -> str:
+    profiles = result["profiles"]
+    widths = list(next(iter(profiles.values()))["pass_cost"])
+    header = ["profile", "step ms", "step / bound", *[f"w={w}" for w in widths], "target-only tok/s",
+              "lookup k=3 tok/s", "compile s (cold / warm)"]
+    rows = []
+    for name, p in profiles.items():
+        c = p.get("compile", {})
+        compile_cell = " / ".join(f"{c[s]['seconds']:.0f}" if s in c else "-" for s in ("cold", "warm")) if c else "-"
+        rows.append([name, p["pass_ms"][1], p["step_vs_memory_bound"], *[p["pass_cost"][w] for w in widths],
+                     p["ar_tokens_per_s"], p["lookup_k3_tokens_per_s"], compile_cell])
+    keys = [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in result["keys"].items()]
+    goals = [f"- goal {k}: {g['direction'].replace('_', ' ')} {g['target']}, "
+             f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'}"
+             for k, g in result["goals"].items()]
+    return document(table(f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
+                          f"Hugging Face plain generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of "
+                          "a w-token pass over the step's.", header, rows, "{:.2f}") + ["", *keys, *goals])

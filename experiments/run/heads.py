@@ -12,7 +12,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..train_draft.store import head_path
+from specdec.draft.head_store import head_path
 
 log = logging.getLogger(__name__)
 

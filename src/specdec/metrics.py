@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -277,3 +278,56 @@ def counts(values: Sequence[int], longest: int = 0) -> list[int]:
 def shares(prefix: str, values: Sequence) -> dict[str, float]:
     """{prefix/value: share of the values} for each value seen but "" (a round that drafted nothing)."""
     return {f"{prefix}/{v}": values.count(v) / len(values) for v in sorted(set(values)) if v != ""}
+
+
+def round_totals(stats: Stats) -> dict:
+    """A generation's summary with its per-round lists as totals (pooled_summaries pools several): chosen draft
+    lengths for k="auto", drafting rounds per candidate of an online draft choice, tree sizes."""
+    summary = stats.summary()
+    summary.update(
+        chosen_k_histogram=stats.chosen_k_histogram,
+        draft_rounds=dict(Counter(d for d in stats.chosen_draft if d)),
+        tree_rounds=len(stats.tree_nodes),
+        tree_nodes_sum=sum(stats.tree_nodes),
+        tree_depth_sum=sum(stats.tree_depths),
+    )
+    return summary
+
+
+def pooled_summaries(stats: list[dict]) -> dict:
+    """Several generations' round_totals, pooled: counters, seconds, the cost model's sums, histograms."""
+
+    def total(key: str) -> float:
+        return sum(s[key] for s in stats)
+
+    histogram: list[int] = []
+    for s in stats:
+        h = s.get("chosen_k_histogram") or []
+        width = max(len(h), len(histogram))
+        histogram = [a + b for a, b in zip(histogram + [0] * (width - len(histogram)), h + [0] * (width - len(h)))]
+    rounds = total("tree_rounds")
+    measured, predicted = total("measured_seconds"), total("predicted_seconds")
+    return {
+        "emitted": total("emitted"),
+        "drafted": total("drafted"),
+        "accepted": total("accepted"),
+        "target_forwards": total("target_forwards"),
+        "draft_forwards": total("draft_forwards"),
+        "acceptance_rate": total("accepted") / total("drafted") if total("drafted") else None,
+        "mean_accepted_length": total("emitted") / total("target_forwards"),  # tokens per target pass
+        "alpha": total("overlap_sum") / total("overlap_count") if total("overlap_count") else None,
+        "seconds": {
+            key: total(f"seconds_{key}")
+            for key in ("prefill", "draft", "verify", "total")
+            if all(f"seconds_{key}" in s for s in stats)
+        },
+        "chosen_k_histogram": histogram,
+        "draft_rounds": dict(sorted(sum((Counter(s.get("draft_rounds", {})) for s in stats), Counter()).items())),
+        # k="auto": the cost model's expected rate over the rounds it predicted, and what they measured
+        "predicted_tokens_per_second": total("predicted_tokens") / predicted if predicted else None,
+        "measured_tokens_per_second": total("measured_tokens") / measured if measured else None,
+        # token trees: nodes per pass and accepted depth per pass
+        "mean_tree_nodes": total("tree_nodes_sum") / rounds if rounds else None,
+        "mean_tree_depth": total("tree_depth_sum") / rounds if rounds else None,
+        "mean_accepted_depth": total("accepted") / rounds if rounds else None,
+    }

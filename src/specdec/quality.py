@@ -1,4 +1,5 @@
-"""Output quality: target log-likelihood of a continuation, agreement with greedy output, diversity."""
+"""Output quality: target log-likelihood of a continuation, agreement with greedy output (of one output, and of
+several loops' outputs with a reference's: check_identical), diversity."""
 
 from __future__ import annotations
 
@@ -40,6 +41,26 @@ def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> float:
     m = min(tokens.numel(), reference.numel())
     same = (tokens[:m].cpu() == reference[:m].cpu()).long().cumprod(0).sum()
     return float(same) / n
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (length mismatch counts), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "ar") -> dict:
+    """Greedy decoding is deterministic and lossless: every loop must emit the reference's tokens; outputs: each loop's
+    tokens by input. The mismatches name the loop (`contender`), the input (`prompt`) and the first difference."""
+    mismatches = []
+    for name, per_input in outputs.items():
+        for key, tokens in per_input.items():
+            at = first_difference(tokens, outputs[reference][key])
+            if at is not None:
+                mismatches.append({"contender": name, "prompt": key, "first_difference": at})
+    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches}
 
 
 def distinct_n(tokens: list[int], n: int = 2) -> float:

@@ -10,6 +10,9 @@ import torch
 
 from ..sampling import Sampling
 from .base import Drafter, share_cache
+from .head_drafter import HeadDrafter
+from .model import HybridTreeDrafter
+from .ngram import NGramDrafter, NGramTreeDrafter
 from .proposal import RowProposals
 
 
@@ -68,3 +71,19 @@ class DraftSwitch:
         self.replayed = [self.replayed[i] for i in rows]
         for drafter in self.candidates.values():
             drafter.select(rows)
+
+
+def draft_kind(drafter) -> str:
+    """What drafts: "head", "ngram" (a lookup), "hybrid" (a tree of both), or "model" (a copy or another model; a
+    DraftSwitch, the calibrated default's online choice, counts as one whatever its candidates: see draft_kinds)."""
+    if isinstance(drafter, HeadDrafter):
+        return "head"
+    return "hybrid" if isinstance(drafter, HybridTreeDrafter) else "ngram" if isinstance(
+        drafter, (NGramDrafter, NGramTreeDrafter)) else "model"
+
+
+def draft_kinds(drafter) -> list[str]:
+    """The kinds a drafter drafts with: each candidate's of a DraftSwitch, else its own (draft_kind)."""
+    if isinstance(drafter, DraftSwitch):
+        return sorted({draft_kind(candidate) for candidate in drafter.candidates.values()})
+    return [draft_kind(drafter)]

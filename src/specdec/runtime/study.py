@@ -1,23 +1,41 @@
 """What a target pass costs on this machine: against its width and context, against one read of the weights (the
-memory bound), eager and compiled; and the clock inside each model's forward during a whole generation. The
-measurements behind `python -m experiments.bench` (its costs) and `bench=runtime` (the runtime study); the
-interleaved timings go through specdec.runtime.timing's one loop."""
+memory bound), eager and compiled (the runtime study); the clock inside each model's forward during a whole
+generation; and the benchmark's loops: generation loops clocked in an interleaved order and their throughput, time
+per token against output and prompt length (the scaling study), throughput against batch size (the batch study),
+and each input generated once (a load run). The measurements behind `python -m experiments.bench`; the interleaved
+timings go through specdec.runtime.timing's one loop. A loop is a callable the caller builds (any method, ours or
+Hugging Face's): this module measures, the caller decides what runs.
+
+The runtime study, for each runtime profile on the target, in one process, so that every ratio compares timings of
+one machine and load:
+- the compile: seconds of each width's first call with an empty disk cache (cold), then again after dynamo's
+  in-memory state is dropped (warm: what a later process pays, loading from the disk cache);
+- the pass cost: ms of one cached forward of w tokens after the prompt, for w = 1..max_width, over the one-token
+  step (widths above the largest bucket run eager on the slot cache);
+- the step against the memory bound: the ms to read the weights once, a `sum` over as many bytes, timed in the same
+  rounds as the passes (each round one read and one pass of each width);
+- the compiled logits against the eager ones on every prompt (largest absolute difference);
+- end to end, greedy: the given loops (the caller's target-only loop and prompt lookup), tokens per second, outputs
+  checked against the first loop's eager outputs of the same weights, next to Hugging Face's plain generate."""
 
 from __future__ import annotations
 
 import copy
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
 
 from .cached import CachedLM
-from .compiled import CompiledForward, compile_model, compiled_forward
+from .compiled import CompiledForward, compile_model, compiled_forward, eager_model
 from .models import DTYPES
 from .probes import forward_ms, pass_tokens, timed_step
-from .timing import interleaved_samples
+from .timing import interleaved_samples, stopwatch
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -122,6 +140,100 @@ def weights_in(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     return model if model.dtype == DTYPES[dtype] else copy.deepcopy(model).to(DTYPES[dtype]).eval()
 
 
+Loop = Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]  # (model, prompt ids (1, L)) -> new tokens (n,)
+
+
+@dataclass
+class RuntimeProfile:
+    """One runtime of the study: its settings as configured (recorded), the dtype of the weights it runs (None: the
+    model's; another: a copy in it) and compile_model's keywords (None: eager)."""
+
+    settings: dict = field(default_factory=dict)
+    dtype: str | None = None
+    compile: dict | None = None
+
+
+def tokens_per_second(generate: Callable[[torch.Tensor], torch.Tensor], prompts: list[torch.Tensor]
+                      ) -> tuple[float, list[torch.Tensor]]:
+    """Generated tokens over seconds, summed over the prompts; the outputs."""
+    outputs, seconds = [], 0.0
+    for ids in prompts:
+        start = time.perf_counter()
+        outputs.append(generate(ids))
+        seconds += time.perf_counter() - start
+    return sum(o.numel() for o in outputs) / seconds, outputs
+
+
+def end_to_end(model: PreTrainedModel, prompts: list[torch.Tensor], loops: Mapping[str, Loop]
+               ) -> tuple[dict[str, float], dict[str, list[torch.Tensor]]]:
+    """Tokens/s of each loop over the prompts (after a warm-up on a short prefix), and their outputs."""
+    rates, outputs = {}, {}
+    for loop in loops.values():  # warm-up
+        loop(model, prompts[0][:, :8])
+    for name, loop in loops.items():
+        rates[f"{name}_tokens_per_s"], outputs[name] = tokens_per_second(lambda ids, f=loop: f(model, ids), prompts)
+    return rates, outputs
+
+
+def hf_plain(model: PreTrainedModel, prompts: list[torch.Tensor], n: int, eos: list[int]) -> float:
+    """Tokens/s of Hugging Face's greedy generate over the prompts."""
+    def generate(ids):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos or None, pad_token_id=(eos or [0])[0])
+        return out[0, ids.shape[-1]:]
+
+    generate(prompts[0][:, :8])
+    return tokens_per_second(generate, prompts)[0]
+
+
+def runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], profiles: Mapping[str, RuntimeProfile],
+                  loops: Mapping[str, Loop], *, max_width: int, repeats: int, n: int, eos: list[int],
+                  log: Callable[[str], None] = lambda line: None) -> dict:
+    """The runtime study (module docstring) on model over prompts (1, L_i). A profile with a `dtype` runs on a copy of
+    the model in that dtype, against its own memory bound, and its outputs are checked against the first profile of
+    the same dtype (the same weights). The model starts eager, whatever runtime it was loaded on."""
+    eager_model(model)
+    torch._dynamo.reset()
+    bound_ms, gbps = memory_bound_ms(model)
+    log(f"memory bound {bound_ms:.1f} ms ({gbps:.1f} GB/s, {weight_bytes(model) / 1e6:.0f} MB of weights)")
+    result: dict = {"memory_bound_ms": bound_ms, "read_gb_per_s": gbps, "weight_mb": weight_bytes(model) / 1e6,
+                    "hf_plain_tokens_per_s": hf_plain(model, prompts, n, eos), "profiles": {}}
+    models, eager_logits, references = {}, {}, {}
+    for name, profile in profiles.items():
+        dtype = profile.dtype or str(model.dtype).removeprefix("torch.")
+        if dtype not in models:  # the weights, and their eager logits (before anything compiles them)
+            models[dtype] = weights_in(model, dtype)
+            eager_logits[dtype] = [last_logits(models[dtype], ids) for ids in prompts]
+        entry, outputs = run_profile(models[dtype], prompts, profile, loops, eager_logits[dtype], max_width, repeats)
+        reference = references.setdefault(dtype, next(iter(outputs.values())))
+        entry["outputs_equal_eager_target_only"] = all(
+            torch.equal(a, b) for key in outputs for a, b in zip(outputs[key], reference))
+        result["profiles"][name] = entry
+        log(f"{name}: step {entry['pass_ms'][1]:.1f} ms, pass cost "
+            + " ".join(f"{w}:{c:.2f}" for w, c in entry["pass_cost"].items()) + "; "
+            + ", ".join(f"{key} {entry[f'{key}_tokens_per_s']:.1f} tok/s" for key in loops))
+    return result
+
+
+def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: RuntimeProfile,
+                loops: Mapping[str, Loop], eager_logits: list[torch.Tensor], max_width: int, repeats: int
+                ) -> tuple[dict, dict]:
+    """One profile's figures (compile, logits against these weights' eager ones, pass costs, step against the
+    memory bound of these weights, end to end) and its outputs; the model is eager again afterwards."""
+    prefix, widths = prompts[0], list(range(1, max_width + 1))
+    entry: dict = {"settings": profile.settings, "dtype": str(model.dtype).removeprefix("torch.")}
+    if profile.compile is not None:
+        entry["compile"] = compile_seconds(model, prefix, **profile.compile)
+        entry["logits_max_abs_diff_vs_eager"] = largest_logit_difference(model, prompts, eager_logits)
+    ms, bound_ms = pass_ms(model, prefix, widths, repeats)
+    entry |= {"pass_ms": ms, "pass_cost": {w: ms[w] / ms[1] for w in widths}, "memory_bound_ms": bound_ms,
+              "step_vs_memory_bound": ms[1] / bound_ms}
+    rates, outputs = end_to_end(model, prompts, loops)
+    eager_model(model)
+    torch._dynamo.reset()
+    return entry | rates, outputs
+
+
 class ForwardClock:
     """Seconds and calls inside each model's forward, by hooks: what the models cost, for ours and HF's alike.
 
@@ -178,3 +290,248 @@ class ForwardClock:
             else:
                 delattr(runtime, attr)
         self.wrapped = []
+
+
+@dataclass
+class ClockedRun:
+    """One call of a loop on one input: new tokens, wall seconds, the loop's statistics (a summary; None for Hugging
+    Face's loops), and the seconds and calls inside each model (a ForwardClock's)."""
+
+    tokens: list[int]
+    seconds: float
+    stats: dict | None = None
+    model_seconds: dict[str, float] = field(default_factory=dict)
+    model_calls: dict[str, int] = field(default_factory=dict)
+
+
+def clocked(clock: ForwardClock | None, fn: Callable, ids: torch.Tensor, n: int, seed: int) -> ClockedRun:
+    """Wall time of fn(ids, n, seed), an output with .tokens (n,) and .stats (CUDA synchronized by the stopwatch),
+    with the seconds and calls inside each of the clock's models during the call (no clock: none)."""
+    if clock is not None:
+        clock.reset()
+    wall: dict[str, float] = {}
+    with stopwatch(wall, "run", ids.device):
+        out = fn(ids, n, seed)
+    run = ClockedRun(out.tokens.tolist(), wall["run"], out.stats)
+    if clock is not None:
+        run.model_seconds, run.model_calls = dict(clock.seconds), dict(clock.calls)
+    return run
+
+
+Item = TypeVar("Item")
+
+
+def interleaved(names: Sequence[str], items: Sequence[Item], repetitions: int) -> Iterator[tuple[int, Item, str]]:
+    """(repetition, item, contender) in a round-robin order: no contender always runs first, so drift of the
+    machine's speed hits all contenders alike."""
+    for rep in range(repetitions):
+        for j, item in enumerate(items):
+            for name in rotated(names, rep * len(items) + j):
+                yield rep, item, name
+
+
+def interleaved_runs(runs: Mapping[str, Callable], inputs: Mapping[str, torch.Tensor], n: int, repetitions: int,
+                     seed: int = 0, clock: ForwardClock | None = None, attempt: Callable | None = None,
+                     finished: Callable[[str, dict], None] = lambda name, runs: None,
+                     log: Callable[[str], None] = lambda s: None) -> dict[str, dict[str, list[ClockedRun]]]:
+    """Each loop run(ids, n, seed) (clocked's fn) once as a warm-up (excluded: first calls allocate, build kernels
+    and caches), then `repetitions` rounds over every input in an interleaved order, clocked, at seed + repetition.
+    attempt(name, stage, fn, *args): the call fn(*args), or None for a loop that failed (it runs no more);
+    finished(name, its runs): once a loop has run everything. Returns each loop's runs by input."""
+    attempt = attempt or (lambda name, stage, fn, *args: fn(*args))
+    first = next(iter(inputs.values()))
+    for name, run in runs.items():
+        attempt(name, "warm-up", run, first, min(8, n), seed)
+    out: dict[str, dict[str, list[ClockedRun]]] = {name: {key: [] for key in inputs} for name in runs}
+    left = dict.fromkeys(runs, len(inputs) * repetitions)
+    for rep, key, name in interleaved(list(runs), list(inputs), repetitions):
+        measured = attempt(name, "run", clocked, clock, runs[name], inputs[key], n, seed + rep)
+        if measured is None:
+            continue
+        out[name][key].append(measured)
+        log(f"rep {rep} {key:16s} {name:20s} {len(measured.tokens):4d} tok "
+            f"{len(measured.tokens) / measured.seconds:6.1f} tok/s")
+        left[name] -= 1
+        if left[name] == 0:
+            finished(name, out[name])
+    return out
+
+
+def rotated(items: Sequence[Item], shift: int) -> list[Item]:
+    """items started at index shift (modulo their number), the ones before it moved to the end."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt: torch.Tensor, lengths: list[int],
+                  prompt_lengths: list[int], seed: int = 0, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Milliseconds per generated token vs max_new_tokens and vs prompt length (end tokens ignored), for each loop
+    run(ids, n, seed) (clocked's fn) after prompt (1, L).
+
+    Next to each loop's wall time per token: its time outside the target's forwards (the loop's own cost, which
+    must not grow with the length) and the target's one-token step at the final context. The prompt is lengthened
+    by repeating itself in front of it.
+    """
+    clock = ForwardClock({"target": target})
+    for run in runs.values():
+        run(prompt, 4, seed)
+    filler = prompt.repeat(1, 1 + max([*lengths, *prompt_lengths]) // prompt.shape[-1])
+
+    def row(ids: torch.Tensor, n: int) -> dict:
+        context = torch.cat([ids, filler[:, :n]], dim=-1)[:, : ids.shape[-1] + n]  # (1, L + n)
+        r = {"prompt_tokens": ids.shape[-1], "new_tokens": n, "target_step_ms_at_end": forward_ms(target, context, 1, 5)}
+        for name, run in runs.items():
+            measured = clocked(clock, run, ids, n, seed)
+            r[f"{name}_ms_per_token"] = 1000 * measured.seconds / len(measured.tokens)
+            outside = measured.seconds - sum(measured.model_seconds.values())  # the loop's own time, load-robust
+            r[f"{name}_overhead_ms_per_token"] = 1000 * outside / len(measured.tokens)
+            log(f"scaling L={ids.shape[-1]} n={n} {name} {r[f'{name}_ms_per_token']:.1f} ms/token")
+        return r
+
+    by_new = [row(prompt, n) for n in lengths]
+    by_prompt = [row(torch.cat([filler[:, : L - prompt.shape[-1]], prompt], dim=-1), lengths[0])
+                 for L in prompt_lengths if L >= prompt.shape[-1]]  # fmt: skip
+    clock.remove()
+    return {"by_max_new_tokens": by_new, "by_prompt_length": by_prompt}
+
+
+Batched = Callable[[torch.Tensor | list[torch.Tensor], int, int], object]  # (ids, n, seed) -> a Generation
+
+
+def batch_study(generate: Mapping[str, Batched], prompts: list[torch.Tensor], sizes: list[int], baseline: str, *,
+                max_new_tokens: int, seed: int = 0, repetitions: int = 1,
+                peak: Callable[[], AbstractContextManager], log: Callable[[str], None] = lambda s: None) -> dict:
+    """Throughput against batch size: each loop generate[name] at every batch size, and its ratio over the baseline's
+    at the same size. The prompts (1, L) each are cycled to a multiple of the largest size, so that every size
+    decodes the same rows, and grouped `size` at a time (batch 1: one prompt (1, L) per call, the single-sequence
+    path; else a list of them). The sizes run in an order rotated between repetitions, so that a slow phase of the
+    machine does not fall on one size only. peak(): a context measuring the peak memory of its block (.rss_mb,
+    .cuda_mb)."""
+    rows = [prompts[i % len(prompts)] for i in range(-(-len(prompts) // max(sizes)) * max(sizes))]
+    for run in generate.values():  # warm-up: allocator, kernels, the calibration's caches
+        run(rows[0], 8, seed)
+        run(rows[:2], 8, seed)
+    measured: dict[str, dict[int, list[dict]]] = {name: {s: [] for s in sizes} for name in generate}
+    for rep in range(repetitions):
+        for size in rotated(sizes, rep):
+            for name, run in generate.items():
+                r = run_size(run, rows, size, max_new_tokens, seed, peak)
+                measured[name][size].append(r)
+                log(f"batch {size} {name}: {r['tokens_per_second']:.1f} tok/s, latency {r['latency_s']:.2f} s")
+    result = {"sizes": sizes, "rows": len(rows),
+              "contenders": {name: {str(s): summary_of(runs) for s, runs in by_size.items()}
+                             for name, by_size in measured.items()}}  # fmt: skip
+    reference = measured[baseline][sizes[0]][0]["outputs"]  # agreement: rows equal to the baseline's at batch 1
+    result["agreement"] = {name: {str(s): statistics.mean(a == b for a, b in zip(runs[0]["outputs"], reference))
+                                  for s, runs in by_size.items()} for name, by_size in measured.items()}  # fmt: skip
+    base = result["contenders"][baseline]
+    result["ratios"] = {name: {str(s): figures[str(s)]["tokens_per_second"] / base[str(s)]["tokens_per_second"]
+                               for s in sizes}
+                        for name, figures in result["contenders"].items() if name != baseline}  # fmt: skip
+    return result
+
+
+def run_size(run: Batched, rows: list[torch.Tensor], size: int, n: int, seed: int,
+             peak: Callable[[], AbstractContextManager]) -> dict:
+    """One loop over every row at one batch size: tokens, wall seconds, latency, passes, the cost model's predicted
+    and measured tokens/s, the outputs."""
+    tokens, latency, passes, row_passes, chosen, outputs = 0, [], 0, 0, [], []
+    model = dict.fromkeys(("predicted_tokens", "predicted_seconds", "measured_tokens", "measured_seconds"), 0.0)
+    with peak() as memory:
+        started = time.perf_counter()
+        for i in range(0, len(rows), size):
+            begun = time.perf_counter()
+            out = run(rows[i] if size == 1 else rows[i : i + size], n, seed)
+            stats = out.stats
+            if size == 1:
+                rows_out = [out.tokens]
+                latency.append(time.perf_counter() - begun)
+                passes += stats.target_forwards
+            else:
+                rows_out = out.tokens
+                latency += out.latency
+                passes += int(stats.extras.get("passes", 0))
+            row_passes += stats.target_forwards
+            tokens += sum(r.numel() for r in rows_out)
+            chosen += list(stats.chosen_k)
+            for key in model:
+                model[key] += getattr(stats, key)
+            outputs += [r.tolist() for r in rows_out]
+        seconds = time.perf_counter() - started
+    return {
+        "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+        "latency_s": statistics.mean(latency), "passes": passes,
+        "tokens_per_row_pass": tokens / row_passes if row_passes else None,
+        "chosen_k_mean": statistics.mean(chosen) if chosen else None,
+        "plain_step_share": statistics.mean([k == 0 for k in chosen]) if chosen else None,
+        "peak_rss_mb": memory.rss_mb, "peak_cuda_mb": memory.cuda_mb, "outputs": outputs,
+        # the cost model's expected tokens per second over the rounds it predicted, and what they measured
+        "predicted_tokens_per_second": ratio(model["predicted_tokens"], model["predicted_seconds"]),
+        "measured_tokens_per_second": ratio(model["measured_tokens"], model["measured_seconds"]),
+    }  # fmt: skip
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summary_of(runs: list[dict]) -> dict:
+    """One size's repetitions: medians of the rates, the outputs of the first."""
+    keep = {k: v for k, v in runs[0].items() if k != "outputs"}
+    for key in ("tokens_per_second", "latency_s", "seconds"):
+        keep[key] = statistics.median(r[key] for r in runs)
+    keep["tokens_per_second_runs"] = [r["tokens_per_second"] for r in runs]
+    keep["outputs"] = runs[0]["outputs"]
+    return keep
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, max and count of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def throughput(per_prompt: Mapping[str, list[ClockedRun]], categories: Mapping[str, str]) -> dict:
+    """Tokens/s of each repetition (the prompts pooled) over every prompt, per category and per prompt (median, min,
+    max over the repetitions: spread), the share of the time inside the models' forwards and their calls per token;
+    per_prompt: a loop's runs of each prompt by repetition, categories: each prompt's."""
+    reps = len(next(iter(per_prompt.values())))
+    runs = [r for rs in per_prompt.values() for r in rs]
+
+    def pooled(ids: list[str]) -> list[float]:  # tokens/s of each repetition over the given prompts
+        return [
+            sum(len(per_prompt[i][r].tokens) for i in ids) / sum(per_prompt[i][r].seconds for i in ids)
+            for r in range(reps)
+        ]
+
+    return {
+        "tokens_per_second": spread(pooled(list(categories))),
+        "by_category": {c: spread(pooled([i for i in categories if categories[i] == c]))
+                        for c in sorted(set(categories.values()))},
+        "by_prompt": {i: {"tokens": len(per_prompt[i][0].tokens), **spread(pooled([i]))} for i in categories},
+        "model_forward_share": sum(sum(r.model_seconds.values()) for r in runs)
+        / sum(r.seconds for r in runs),
+        "forwards_per_token": {
+            m: sum(r.model_calls[m] for r in runs) / sum(len(r.tokens) for r in runs)
+            for m in runs[0].model_calls
+        },
+    }
+
+
+def generations(generate: Callable[[torch.Tensor], object], inputs: Mapping[str, torch.Tensor]) -> dict:
+    """Each input once, in order, generate(ids) -> a Generation: tokens, seconds, tokens/s over them all, and per
+    input its tokens, seconds, start (seconds after the first began), target passes (`rounds`; 0 for target-only),
+    share of plain steps, and the drafts and thread counts chosen online (rounds each)."""
+    rows, generating = [], time.perf_counter()
+    for key, ids in inputs.items():
+        out = generate(ids)
+        stats = out.stats
+        rows.append({
+            "prompt": key, "tokens": len(out.tokens), "seconds": stats.seconds["total"],
+            "started_s": time.perf_counter() - generating - stats.seconds["total"],
+            "rounds": len(stats.chosen_k),  # target passes of a speculative method; 0 for target-only
+            "plain_step_share": sum(k == 0 for k in stats.chosen_k) / len(stats.chosen_k) if stats.chosen_k else None,
+            "drafts": {d: stats.chosen_draft.count(d) for d in sorted(set(stats.chosen_draft))},
+            "threads": {t: stats.chosen_threads.count(t) for t in sorted(set(stats.chosen_threads))},
+        })  # fmt: skip
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "prompts": rows}

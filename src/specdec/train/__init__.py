@@ -1,1 +1,2 @@
-"""Training what drafts: the draft head's teacher data, losses and validation acceptance (specdec.train.head)."""
+"""Training what drafts: the draft head's teacher data, losses and validation acceptance (specdec.train.head), token
+rows of conversations and cached teacher passes (specdec.train.data), the training loop (specdec.train.loop)."""

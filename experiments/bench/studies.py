@@ -1,0 +1,125 @@
+"""The bench's studies, each measured by specdec.runtime.study; here the config mapped to it, goals, and the
+result written (tables: experiments.bench.table).
+
+- `bench=scaling`: milliseconds per token vs max_new_tokens and vs prompt length (scaling_study).
+- `bench=batch`: throughput and row latency against batch size, speculative next to target-only at the same size
+  (batch_study; batch 1 is the single-sequence loop, what a user at batch size 1 runs), with the cost model's view
+  (specdec.choose.cost.CostModel) of each batch: the k it chose and the tokens per pass it measured.
+- `bench=runtime`: what a target pass costs against its width, eager and compiled, next to the memory bound
+  (runtime_study), in an empty inductor cache. The profiles: eager; compiled with inductor's default GEMMs; compiled
+  with max_autotune's C++ GEMM template; compiled with the linears on specdec's packed kernel, with a Python or a C++
+  wrapper; eager and autotuned on a bfloat16 copy of the weights. End to end, greedy: our target-only loop and
+  speculative decoding with prompt lookup (k = 3, a 4-wide pass).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.runtime.machine import peak_memory
+from specdec.runtime.study import Loop, RuntimeProfile, batch_study, runtime_study, scaling_study
+
+from ..records import machine, write_result
+from ..run.methods import Setup
+from ..run.prompts import Prompt
+from ..run.settings import runtime_options
+from .goals import goal_entries, runtime_goal_entries
+from .table import batch_table, runtime_table, scaling_table
+
+
+def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=scaling: specdec.runtime.study.scaling_study of the contenders (end tokens ignored) after prompt (1, L)."""
+    runs = {name: (lambda ids, n, s, c=c: c.run(ids, n, s, stop_at_eos=False)) for name, c in contenders.items()}
+    first, scaling = next(iter(contenders.values())).setup, cfg.bench.scaling
+    result = scaling_study(runs, first.pair.target, prompt, list(scaling.lengths), list(scaling.prompt_lengths),
+                           cfg.seed, print)
+    result.update(machine=machine(first.plan.device), command=command)
+    write_result(out, "scaling", result, scaling_table(result))
+    return result
+
+
+def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=batch: throughput by batch size (batch_study), with its goals."""
+    b = cfg.bench
+    first = next(iter(contenders.values())).setup
+    generate = {name: (lambda ids, n, seed, c=c: c.setup.generate(c.method, ids, n, seed)) for name, c in contenders.items()}
+    result = batch_study(generate, [ids[p.id] for p in prompts], list(b.batching.sizes), b.batching.baseline,
+                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, repetitions=b.repetitions,
+                         peak=lambda: peak_memory(first.plan.device), log=lambda s: print(s, flush=True))  # fmt: skip
+    env = machine(first.plan.device)
+    speculative = result["ratios"][b.batching.speculative]
+    result["batched_vs_target_only"] = speculative
+    result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
+                                    "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
+                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
+    result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
+                            "baseline": b.batching.baseline, "speculative": b.batching.speculative,
+                            "repetitions": b.repetitions,
+                            "temperature": float(cfg.temperature), "contenders": {n: c.figures() for n, c in contenders.items()}},
+                  machine=env, command=command)  # fmt: skip
+    table = batch_table(result)
+    write_result(out, "bench", result, table)
+    print(table)
+    return result
+
+
+def loops(n: int, eos: list[int]) -> dict[str, Loop]:
+    """The end-to-end loops: our target-only loop (`ar`) and prompt lookup at k = 3 (`lookup_k3`), greedy."""
+    return {
+        "ar": lambda model, ids: autoregressive_generate(model, ids, sampling=GREEDY, max_new_tokens=n,
+                                                         eos_token_id=eos).tokens,
+        "lookup_k3": lambda model, ids: speculative_generate(model, NGramDrafter(), ids, k=3, sampling=GREEDY,
+                                                             max_new_tokens=n, eos_token_id=eos).tokens,
+    }  # fmt: skip
+
+
+def profiles_of(study: DictConfig) -> dict[str, RuntimeProfile]:
+    """The config's profiles: a runtime node each (conf/runtime/), compiled when its name says so."""
+    return {name: RuntimeProfile(OmegaConf.to_container(p), p.get("dtype"),
+                                 runtime_options(p).compile_settings() if p.name == "compiled" else None)
+            for name, p in study.profiles.items()}  # fmt: skip
+
+
+def headline(result: dict, report: str) -> dict:
+    """The issue's bench.json keys, for the reported profile (the run's compiled runtime) against eager."""
+    p, eager = result["profiles"][report], result["profiles"]["eager"]
+    cost = p["pass_cost"]
+    compile_ = p.get("compile", {})
+    return {
+        "profile": report,
+        "pass_cost_max_width_2_to_5": max(cost[w] for w in range(2, 6) if w in cost),
+        "pass_cost_width_9": cost.get(9),
+        "target_step_vs_memory_bound": p["step_vs_memory_bound"],
+        "ar_vs_hf_plain": p["ar_tokens_per_s"] / result["hf_plain_tokens_per_s"],
+        "ar_vs_eager_ar": p["ar_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "lookup_vs_target_only": p["lookup_k3_tokens_per_s"] / p["ar_tokens_per_s"],
+        "lookup_vs_eager_target_only": p["lookup_k3_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "compile_seconds_cold": compile_.get("cold", {}).get("seconds"),
+        "compile_seconds_warm": compile_.get("warm", {}).get("seconds"),
+    }
+
+
+def run_runtime(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, command: str, out: Path) -> dict:
+    """bench=runtime: specdec.runtime.study.runtime_study on the config's profiles in an empty inductor disk cache (so
+    that 'cold' is cold), its headline keys and their goals."""
+    study, n, eos = cfg.bench.runtime_study, cfg.max_new_tokens, setup.pair.eos_token_id
+    folder = tempfile.mkdtemp(prefix="specdec-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        result = runtime_study(setup.pair.target, prompts, profiles_of(study), loops(n, eos), max_width=study.max_width,
+                               repeats=study.repeats, n=n, eos=eos, log=print)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    keys = headline(result, study.report)
+    result.update(keys=keys, goals=runtime_goal_entries(keys), machine=machine(setup.plan.device), command=command)
+    table = runtime_table(result)
+    write_result(out, "runtime", result, table)
+    print(table)
+    return result
