@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from specdec.prompts import Prompt
 from specdec.runtime.machine import peak_rss_mb, reset_peak_rss
 from specdec.runtime.study import generations
 
-from ..run.prompts import Prompt
 from .contenders import Contender
 
 GENERATING = "generating:"  # what a load run prints once its contender is built, before it generates

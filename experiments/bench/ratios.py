@@ -8,12 +8,11 @@ import math
 
 from specdec.draft.head_store import training_record
 from specdec.metrics import pooled_summaries
+from specdec.prompts import Prompt
 from specdec.quality import check_identical
 from specdec.runtime.study import ClockedRun, throughput
 from specdec.sampling import Sampling
 from specdec.theory import walltime_improvement
-
-from ..run.prompts import Prompt
 
 MODEL_CHAIN = "default_k4"  # our chain with the calibrated draft at fixed k (the default run chooses k online)
 TREE_SAMPLED, TREE_TRAVERSAL = "tree_model_iid", "tree_model_traversal"  # one tree drafter, two tree rules

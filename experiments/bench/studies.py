@@ -23,12 +23,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.prompts import Prompt
 from specdec.runtime.machine import peak_memory
 from specdec.runtime.study import Loop, RuntimeProfile, batch_study, runtime_study, scaling_study
 
 from ..records import machine, write_result
 from ..run.methods import Setup
-from ..run.prompts import Prompt
 from ..run.settings import runtime_options
 from .goals import goal_entries, runtime_goal_entries
 from .table import batch_table, runtime_table, scaling_table
