@@ -52,22 +52,6 @@ def test_online_choice_matches_target_distribution(small_vocab_pair, sampling):
     assert {"", "model", "copy", "ngram"} <= set(chosen)  # every candidate drafted, and plain steps were taken
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen2"])
-def test_online_choice_greedy_equals_target_greedy(arch):
-    """Copies that read the target's cache and a lookup, switched every few rounds (random clock, frequent probes)."""
-    target = tiny_model(arch, seed=0, scale=20.0)
-    prompt, n_new = torch.tensor([[0, 5, 3, 7, 5, 3]]), 40
-    switch = DraftSwitch({
-        "close": ModelDrafter(perturbed_copy(target, 0.05), reads_target_cache=True),
-        "far": ModelDrafter(perturbed_copy(target, 0.3)),
-        "ngram": NGramDrafter(),
-    })  # fmt: skip
-    rule = OnlineDraftChoice(switch, k_max=6, clock=RandomClock(1), probe_every=2, probe_most=4)
-    out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=n_new)
-    assert torch.equal(out.tokens, hf_greedy(target, prompt, n_new)), arch
-    assert len({d for d in out.stats.chosen_draft if d}) == 3
-
-
 class LoadClock:
     """A round reads the clock four times (draft phase start and end, verify phase start and end): the fourth
     reading adds the target pass's 1 time unit; drafters add their own cost to `now`."""
