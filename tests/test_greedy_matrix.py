@@ -47,7 +47,7 @@ from specdec.draft.head_drafter import HeadDrafter, HeadTreeDrafter
 from specdec.runtime.compiled import compile_model
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
-N_NEW = 24  # longer than every sliding window (6): rollback and compaction across the window
+N_NEW = 16  # longer than every sliding window (6): rollback and compaction across the window
 BATCH = [GREEDY_PROMPT[0].tolist(), [0, 9], [0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4]]  # lengths 6, 2, 11
 K_MAX = 8  # "auto": k_max + 1 > the window
 DRAFT_LENGTHS = {"short": (1, 2), "long": (6, None)}  # (chains: k, trees: the depth cap; None: the drafter's own tree)
@@ -98,7 +98,7 @@ class Models:
 def target_on(arch: str, runtime: str):
     model = tiny_model(arch, seed=0, scale=20.0)
     if runtime == "compiled":
-        compile_model(model, widths=(1, 2, 4), capacity=64, autotune=False)
+        compile_model(model, widths=(1, 2, 4, 8), capacity=64, autotune=False)  # conf/runtime/compiled.yaml's widths
     return model
 
 
@@ -193,7 +193,8 @@ PRODUCT = [c for c in itertools.starmap(Case, itertools.product(*AXES.values()))
 def slice_of_the_product() -> set[Case]:
     """`make test`'s cases: each proposer with each of its rules and both draft lengths, on one row and eager,
     the architectures taken in turn; every architecture with a chain and a tree on a batch and with drafts reading
-    its cache; the compiled runtime with a chain, a tree and a batch on llama."""
+    its cache; the compiled runtime with chains (a model, a head) and a batch of small trees on llama: passes of
+    one to three tokens, the compiled widths that tests/test_compiled.py builds as well."""
     chosen, turn = set(), itertools.cycle(ARCHITECTURES)
     for case in PRODUCT:
         if case.rows == 1 and case.runtime == "eager" and case.arch == "llama":
@@ -203,9 +204,9 @@ def slice_of_the_product() -> set[Case]:
                    Case("model_top", "tree", "long", len(BATCH), "eager", arch),
                    Case("reads_target_cache", "token", "long", 1, "eager", arch),
                    Case("tree_reads_target_cache", "tree", "auto", 1, "eager", arch)}
-    chosen |= {Case("model", "token", "long", 1, "compiled", "llama"),
+    chosen |= {Case("model", "token", "short", 1, "compiled", "llama"),
                Case("head", "token", "short", 1, "compiled", "llama"),
-               Case("model_top", "tree", "long", len(BATCH), "compiled", "llama")}
+               Case("chain_reads_target_cache", "tree", "short", len(BATCH), "compiled", "llama")}
     return chosen
 
 
