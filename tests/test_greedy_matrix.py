@@ -48,6 +48,7 @@ from specdec.runtime.compiled import compile_model
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 N_NEW = 16  # longer than every sliding window (6): rollback and compaction across the window
+N_SWITCH = 40  # a switch's online choice probes every candidate within these
 BATCH = [GREEDY_PROMPT[0].tolist(), [0, 9], [0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4]]  # lengths 6, 2, 11
 K_MAX = 8  # "auto": k_max + 1 > the window
 DRAFT_LENGTHS = {"short": (1, 2), "long": (6, None)}  # (chains: k, trees: the depth cap; None: the drafter's own tree)
@@ -90,9 +91,9 @@ class Models:
     def draft(self, arch: str, noise: float):
         return self.once((arch, noise), lambda: perturbed_copy(self.target(arch), noise))
 
-    def reference(self, arch: str, rows: int) -> list[torch.Tensor]:
-        return self.once((arch, "greedy", rows), lambda: [hf_greedy(self.target(arch), p[None], N_NEW)
-                                                          for p in prompts_of(rows)])
+    def reference(self, arch: str, rows: int, n: int) -> list[torch.Tensor]:
+        return self.once((arch, "greedy", rows, n), lambda: [hf_greedy(self.target(arch), p[None], n)
+                                                             for p in prompts_of(rows)])
 
 
 def target_on(arch: str, runtime: str):
@@ -165,18 +166,26 @@ class Case:
         return self.proposer in TREES
 
     @property
+    def n_new(self) -> int:
+        return N_SWITCH if self.proposer == "switch" else N_NEW
+
+    @property
     def id(self) -> str:
         return f"{self.proposer}-{self.rule}-{self.k}-rows{self.rows}-{self.runtime}-{self.arch}"
 
 
 def runnable(case: Case) -> bool:
     """What can run together: a tree rule with a tree drafter; traversal with trees whose siblings are drawn
-    (no "top" children, no deterministic lookups); the other vocabulary on the eager runtime."""
+    (no "top" children, no deterministic lookups); the other vocabulary on one eager row (its drafters keep
+    per-sequence state); on a batch "auto" only for chains of one drafter (the rules that choose a tree shape or a
+    candidate choose for one sequence)."""
     if case.rule not in (TREE_RULES if case.trees else CHAIN_RULES):
         return False
     if case.rule == "traversal" and case.proposer not in ("model_iid", "model_distinct", "hybrid"):
         return False
-    return not (case.proposer in CROSS and case.runtime == "compiled")
+    if case.proposer in CROSS and (case.runtime == "compiled" or case.rows > 1):
+        return False
+    return not (case.rows > 1 and case.k == "auto" and (case.trees or case.proposer == "switch"))
 
 
 AXES = {
@@ -227,21 +236,20 @@ def rule_of(case: Case, drafter):
 def generate(case: Case, target, drafter, prompts):
     loop = tree_generate if case.trees else speculative_generate
     acceptance = {**CHAIN_RULES, **TREE_RULES}[case.rule]()
-    return loop(target, drafter, prompts, k=rule_of(case, drafter), sampling=GREEDY, max_new_tokens=N_NEW,
+    return loop(target, drafter, prompts, k=rule_of(case, drafter), sampling=GREEDY, max_new_tokens=case.n_new,
                 acceptance=acceptance)
 
 
 def setup(case: Case, models: Models):
     """The case's target, a function that builds a fresh drafter, and the target's greedy output of each prompt."""
-    if case.proposer in CROSS:  # a target over 32 characters, a draft over 30 tokens of another tokenizer
-        target = models.once((case.arch, "cross"), lambda: tiny_model(case.arch, seed=0, scale=20.0))
+    target = models.target(case.arch, case.runtime)
+    if case.proposer in CROSS:  # the target's 32 tokens read as characters, a draft over 30 tokens of another tokenizer
         target_tokenizer, draft_tokenizer, draft_vocab = cross_vocab_tokenizers(target.config.vocab_size)
         draft = models.once("cross draft", lambda: tiny_model("llama", seed=3, scale=20.0, vocab_size=draft_vocab))
-        return target, lambda: CROSS[case.proposer](draft, draft_tokenizer, target_tokenizer), models.reference(
-            case.arch, case.rows)
-    target = models.target(case.arch, case.runtime)
-    return target, lambda: {**CHAINS, **TREES}[case.proposer](models, case.arch, target), models.reference(
-        case.arch, case.rows)
+        drafter = lambda: CROSS[case.proposer](draft, draft_tokenizer, target_tokenizer)
+    else:
+        drafter = lambda: {**CHAINS, **TREES}[case.proposer](models, case.arch, target)
+    return target, drafter, models.reference(case.arch, case.rows, case.n_new)
 
 
 def marks_of(case: Case) -> list:
@@ -272,7 +280,7 @@ def test_greedy_output_is_the_targets(case: Case, models: Models):
         assert len({d for d in stats.chosen_draft if d}) == 3  # every candidate drafted
     if case.rule == "block" and case.k != "auto":  # at temperature 0 block accepts what the token-level rule does
         token = speculative_generate(target, drafter(), ids, k=rule_of(case, None), sampling=GREEDY,
-                                     max_new_tokens=N_NEW)
+                                     max_new_tokens=case.n_new)
         assert stats.accepted_per_round == token.stats.accepted_per_round
 
 
