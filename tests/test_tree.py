@@ -163,9 +163,9 @@ EXACT_CASES = [
 ]
 
 
-# make test: the deterministic trees here; i.i.d., distinct and hybrid trees in tests/test_tree_auto.py, whose k="auto"
-# verifies them whole and cut
-@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1")))
+# make test: distinct children in the loop through tests/test_shared_cache.py's tree (depth 2, T = 1), and exactly
+# enumerated in tests/test_tree_accept.py
+@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1", "iid-T1", "hybrid-T1")))
 def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     target, draft = small_vocab_pair
     drafter = make(draft)
