@@ -114,7 +114,7 @@ def models() -> Models:
 
 # ---------------------------------------------------------------- proposers
 
-CHAINS = {  # name -> drafter(arch, target)
+CHAINS = {  # name -> drafter(models, arch, target)
     "model": lambda m, arch, target: ModelDrafter(m.draft(arch, 0.15)),
     "model_same": lambda m, arch, target: ModelDrafter(m.target(arch)),  # accepts every token
     "model_far": lambda m, arch, target: ModelDrafter(m.draft(arch, 0.6)),
