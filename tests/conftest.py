@@ -7,7 +7,7 @@ Conventions for the suite (`make test` runs it on 2 workers with pytest-xdist, `
 - Expensive shared objects are fixtures, never module globals, so each worker builds them at most once:
   session scope for models (`smollm2`, `small_vocab_pair`), module scope for one run shared by checks.
   Name an expensive fixture in HEAVY_FIXTURES below: every test using it then runs on one worker
-  (an `xdist_group`), and slow tests start first so that the two workers finish together.
+  (an `xdist_group`), and the longest tests start first (longest_first) so that the two workers finish together.
   Or mark a test `@pytest.mark.xdist_group("name")` yourself.
 - Chi-square exactness tests: use tests/goodness_of_fit.py (`N_SAMPLES`, `chi_square_pvalue`, `PASS`,
   `REJECT`, `power`); show the test's power at your size against a wrong rule, as test_exactness.py does.
@@ -37,14 +37,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests of each heavy fixture on one worker; put slow tests first (longest work first)."""
+    """Group the tests of each heavy fixture on one worker; put the longest tests first (longest_first)."""
     for item in items:
         for name in sorted(HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))):
             defs = item._fixtureinfo.name2fixturedefs[name]
             scope = defs[-1].scope
             where = "" if scope == "session" else f"{item.module.__name__}::"
             item.add_marker(pytest.mark.xdist_group(f"{where}{name}"))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept otherwise
+    items.sort(key=longest_first)  # stable: order kept otherwise
+
+
+def longest_first(item: pytest.Item) -> tuple[bool, bool]:
+    """Slow tests first, then the chi-square tests (each samples hundreds of generations on small_vocab_pair), so
+    that the short ones fill the end and the two workers finish together."""
+    return item.get_closest_marker("slow") is None, "small_vocab_pair" not in getattr(item, "fixturenames", ())
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -10,6 +10,8 @@ from specdec.runtime.cached import CachedLM
 from specdec.runtime.compiled import compile_model, eager_model
 from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
+pytestmark = pytest.mark.xdist_group("inductor")  # the worker of tests/test_compiled.py: inductor starts cold once
+
 
 def ragged_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of a two-row pass of 4 tokens after 8 (4D masks: the path grouped attention takes)."""

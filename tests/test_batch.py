@@ -15,7 +15,6 @@ from specdec import (
     BlockVerification,
     ModelDrafter,
     ModelTreeDrafter,
-    NGramTreeDrafter,
     Sampling,
     TraversalVerification,
     autoregressive_generate,
@@ -40,30 +39,6 @@ def hf_alone(model, prompt, n):
 def arch_pair(request):
     target = tiny_model(request.param, seed=0, scale=20.0)
     return request.param, target, perturbed_copy(target, 0.15)
-
-
-BATCH_METHODS = {
-    "chain-k4": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k=4, **kw),
-    "chain-auto": lambda t, d, prompts, **kw: speculative_generate(t, ModelDrafter(d), prompts, k="auto", **kw),
-    "chain-reads-target": lambda t, d, prompts, **kw: speculative_generate(
-        t, ModelDrafter(d, reads_target_cache=True), prompts, k=3, **kw),
-    "tree": lambda t, d, prompts, **kw: tree_generate(t, ModelTreeDrafter(d, branches=(2, 2), depth=4), prompts, **kw),
-    "ngram-tree": lambda t, d, prompts, **kw: tree_generate(t, NGramTreeDrafter(), prompts, k=4, **kw),
-}
-
-
-FAST_METHODS = ("chain-k4", "tree", "chain-auto")  # the others run in `make test-all`
-
-
-@pytest.mark.parametrize("method", [m if m in FAST_METHODS else pytest.param(m, marks=pytest.mark.exhaustive)
-                                    for m in BATCH_METHODS])
-def test_every_row_equals_the_target_alone(arch_pair, method):
-    """Rows of lengths 6, 2 and 11 in one batch: each row's greedy output is the target's own generate for it."""
-    arch, target, draft = arch_pair
-    out = BATCH_METHODS[method](target, draft, PROMPTS, sampling=GREEDY, max_new_tokens=N_NEW)
-    for b, prompt in enumerate(PROMPTS):
-        assert torch.equal(out.tokens[b], hf_alone(target, prompt, N_NEW)), (arch, method, b)
-    assert out.stats.extras["passes"] < N_NEW or method == "chain-auto"  # drafts were accepted
 
 
 def test_a_row_ending_early_leaves_the_batch(arch_pair):

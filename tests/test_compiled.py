@@ -235,7 +235,8 @@ def test_a_graph_built_at_another_thread_count_counts_as_a_compile():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("dynamic_width", [False, pytest.param(True, marks=pytest.mark.exhaustive)])
+@pytest.mark.exhaustive  # make test: the compiled batch of trees in tests/test_greedy_matrix.py
+@pytest.mark.parametrize("dynamic_width", [False, True])
 def test_batches_and_trees_on_the_compiled_runtime(dynamic_width):
     """Several rows (dead slots, position masks) and token trees (ancestry masks) on the compiled runtime, with a
     graph per bucket or one for every width (tests/test_dynamic_width.py)."""

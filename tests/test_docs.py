@@ -25,6 +25,7 @@ from experiments.bench.contenders import check_bench as check_bench_keys
 from experiments.report import parser as report_parser
 from experiments.run.settings import validate
 
+pytestmark = pytest.mark.xdist_group("docs")  # one worker: each contender and command is composed once (functools.cache)
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md"]
 NO_HEAD = "train one with `python -m experiments.train_draft"  # the refusal of a head config without a trained head

@@ -99,6 +99,8 @@ def test_greedy_with_a_compiled_head_equals_target_only(arch, tmp_path):
     assert not compiled_head(head).eager
 
 
+@pytest.mark.exhaustive  # make test: the compiled head drafts the eager head's tokens and q (above), and the eager
+# head keeps the target's distribution (tests/test_head.py)
 def test_a_compiled_head_keeps_the_target_distribution(small_vocab_pair, tmp_path):
     target, _ = small_vocab_pair
     head = two_heads(target, tmp_path, vocab=torch.tensor([3, 0, 2]))[0]

@@ -52,22 +52,6 @@ def test_online_choice_matches_target_distribution(small_vocab_pair, sampling):
     assert {"", "model", "copy", "ngram"} <= set(chosen)  # every candidate drafted, and plain steps were taken
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen2"])
-def test_online_choice_greedy_equals_target_greedy(arch):
-    """Copies that read the target's cache and a lookup, switched every few rounds (random clock, frequent probes)."""
-    target = tiny_model(arch, seed=0, scale=20.0)
-    prompt, n_new = torch.tensor([[0, 5, 3, 7, 5, 3]]), 40
-    switch = DraftSwitch({
-        "close": ModelDrafter(perturbed_copy(target, 0.05), reads_target_cache=True),
-        "far": ModelDrafter(perturbed_copy(target, 0.3)),
-        "ngram": NGramDrafter(),
-    })  # fmt: skip
-    rule = OnlineDraftChoice(switch, k_max=6, clock=RandomClock(1), probe_every=2, probe_most=4)
-    out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=n_new)
-    assert torch.equal(out.tokens, hf_greedy(target, prompt, n_new)), arch
-    assert len({d for d in out.stats.chosen_draft if d}) == 3
-
-
 class LoadClock:
     """A round reads the clock four times (draft phase start and end, verify phase start and end): the fourth
     reading adds the target pass's 1 time unit; drafters add their own cost to `now`."""
@@ -187,26 +171,26 @@ def test_thread_count_follows_the_load():
     """Two threads are faster on a quiet machine, one thread under a burst of load: the rule moves to one thread
     within a few rounds of the burst and back to two after it; output equal to the target's greedy output."""
     target = tiny_model("llama", seed=0, scale=20.0)
-    clock = ThreadedClock(lambda now: 150.0 <= now < 450.0)
+    clock = ThreadedClock(lambda now: 75.0 <= now < 225.0)
     switch = DraftSwitch({"copy": TimedDrafter(target, clock, 0.2)})
     rules = {t: OnlineDraftChoice(switch, k_max=4, clock=clock) for t in (2, 1)}
     rule = OnlineThreadChoice(rules, probe_every=8, probe_most=16)
     prompt = torch.tensor([[0, 5, 3, 7, 5, 3]])
-    expected, rounds = hf_greedy(target, prompt, 200), []
-    while clock.now < 650:
+    expected, rounds = hf_greedy(target, prompt, 100), []
+    while clock.now < 325:
         start = clock.now
-        out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=200)
+        out = speculative_generate(target, switch, prompt, k=rule, sampling=GREEDY, max_new_tokens=100)
         assert torch.equal(out.tokens, expected)
         assert len(out.stats.chosen_threads) == len(out.stats.chosen_k)
         rounds.append((start, clock.now, out.stats.chosen_threads))
-    quiet = [t for start, end, threads in rounds if end <= 150 for t in threads][10:]  # after the warm-ups
-    loaded = [t for start, end, threads in rounds if start >= 150 and end <= 450 for t in threads]
-    after = [t for start, end, threads in rounds if start >= 450 for t in threads][5:]  # the next probe of 2
+    quiet = [t for start, end, threads in rounds if end <= 75 for t in threads][10:]  # after the warm-ups
+    loaded = [t for start, end, threads in rounds if start >= 75 and end <= 225 for t in threads]
+    after = [t for start, end, threads in rounds if start >= 225 for t in threads][5:]  # the next probe of 2
     assert quiet and loaded and after
     assert quiet.count(2) >= 0.85 * len(quiet)
     assert loaded.count(1) >= 0.85 * len(loaded)
     assert after.count(2) >= 0.85 * len(after)
-    first_loaded = next(threads for start, end, threads in rounds if end > 150)  # the generation the load began in
+    first_loaded = next(threads for start, end, threads in rounds if end > 75)  # the generation the load began in
     assert 1 in first_loaded[:12]
 
 

@@ -126,7 +126,7 @@ def test_rounds_on_fixed_distributions_emit_expected_tokens():
     q = torch.tensor([0.2, 0.3, 0.5])
     alpha = float(torch.minimum(p, q).sum())  # 0.7
     g = torch.Generator().manual_seed(0)
-    k, rounds = 3, 20000
+    k, rounds = 3, 5000  # the mean's standard error is 0.7%: rel=0.02 is about three of them
     emitted = sum(fixed_round(p, q, k, g).numel() for _ in range(rounds)) / rounds
     assert emitted == pytest.approx(expected_tokens_per_pass(alpha, k), rel=0.02)
 

@@ -11,13 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from goodness_of_fit import N_SAMPLES, PASS, REJECT, block_round, chi_square_pvalue, power, sample_counts
-from test_tree import N_NEW, PROMPT, model_tree
+from test_tree import PROMPT, model_tree
 from test_tree_accept import SAMPLINGS, TWO_LEVEL, argmax_path, first_tokens, gen
 
 from specdec import (
     GREEDY,
     BlockVerification,
-    HybridTreeDrafter,
     ModelDrafter,
     ModelTreeDrafter,
     NGramTreeDrafter,
@@ -227,21 +226,6 @@ def test_greedy_random_trees_give_the_longest_argmax_path(mode):
             continue
         path, next_token = TraversalVerification().accept(p, tree, g)
         assert (path, int(next_token)) == argmax_path(p, parents, tokens)
-
-
-GREEDY_DRAFTERS = {
-    "model_iid": lambda d: ModelTreeDrafter(d, branches=(2, 2), depth=5, children="iid"),
-    "hybrid": lambda d: HybridTreeDrafter(d, NGramTreeDrafter(nodes=6), branches=(2,), depth=4, children="distinct"),
-}
-
-
-@pytest.mark.parametrize("name", GREEDY_DRAFTERS)
-def test_traversal_greedy_equals_target_greedy(arch_case, name):
-    arch, target, draft, reference = arch_case
-    out = tree_generate(target, GREEDY_DRAFTERS[name](draft), PROMPT, sampling=GREEDY, max_new_tokens=N_NEW,
-                        acceptance=TraversalVerification())  # fmt: skip
-    assert torch.equal(out.tokens, reference), (arch, name)
-    assert out.stats.target_forwards < N_NEW  # some draft tokens were accepted
 
 
 # Clear errors.

@@ -14,10 +14,8 @@ from goodness_of_fit import PASS, REJECT, chi_square_pvalue, in_make_test, sampl
 
 from specdec import (
     GREEDY,
-    ChainTreeDrafter,
     HybridTreeDrafter,
     ModelTreeDrafter,
-    NGramDrafter,
     NGramTreeDrafter,
     Sampling,
     TreeDraft,
@@ -48,25 +46,6 @@ def hand_tree(tokens, parents, vocab=32, mode=DETERMINISTIC):
 
 
 # ---------------------------------------------------------------- greedy equality
-
-
-DRAFTERS = {
-    "ngram_trie": lambda d: NGramTreeDrafter(matches=3, depth=6, nodes=12),
-    "ngram_chain": lambda d: ChainTreeDrafter(NGramDrafter(), k=4),
-    "model_top": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=5, nodes=14, children="top"),
-    "model_iid": lambda d: ModelTreeDrafter(d, branches=(2, 2), depth=5, children="iid"),
-    "model_distinct": lambda d: ModelTreeDrafter(d, branches=(3,), depth=6, children="distinct"),
-    "hybrid": lambda d: HybridTreeDrafter(d, NGramTreeDrafter(nodes=6), branches=(2,), depth=4),
-}
-
-
-@pytest.mark.parametrize("name", DRAFTERS)
-def test_tree_greedy_equals_target_greedy(arch_case, name):
-    arch, target, draft, reference = arch_case
-    out = tree_generate(target, DRAFTERS[name](draft), PROMPT, sampling=GREEDY, max_new_tokens=N_NEW)
-    assert torch.equal(out.tokens, reference), (arch, name)
-    assert out.stats.emitted == N_NEW
-    assert out.stats.target_forwards == len(out.stats.tree_nodes) < N_NEW  # some draft tokens were accepted
 
 
 def test_model_tree_branches_and_accepts_off_the_first_branch():
@@ -184,8 +163,9 @@ EXACT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1", "iid-T1", "distinct-T1.5",
-                                                                    "hybrid-T1")))
+# make test: distinct children in the loop through tests/test_shared_cache.py's tree (depth 2, T = 1), and exactly
+# enumerated in tests/test_tree_accept.py
+@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1", "iid-T1", "hybrid-T1")))
 def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     target, draft = small_vocab_pair
     drafter = make(draft)

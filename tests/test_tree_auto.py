@@ -34,29 +34,6 @@ N_NEW = 30
 # ---------------------------------------------------------------- greedy equality
 
 
-AUTO_DRAFTERS = {
-    "ngram": lambda d: NGramTreeDrafter(matches=3, depth=8, nodes=12),
-    "model_top": lambda d: ModelTreeDrafter(d, branches=(3, 2), depth=6, nodes=14, children="top"),
-    "model_iid": lambda d: ModelTreeDrafter(d, branches=(2, 2), depth=6, children="iid"),
-}
-
-
-@pytest.mark.parametrize("name", AUTO_DRAFTERS)
-def test_auto_tree_greedy_equals_target_greedy(arch_case, name):
-    arch, target, draft, reference = arch_case
-    drafter = AUTO_DRAFTERS[name](draft)
-    rule = TreeCostModel(k_max=8, draft_cost=drafter.draft_cost, clock=RandomClock())  # depth 8 > window 6
-    out = tree_generate(target, drafter, PROMPT, sampling=GREEDY, max_new_tokens=N_NEW, k=rule)
-    assert torch.equal(out.tokens, reference), (arch, name)
-    s = out.stats
-    assert s.emitted == N_NEW and len(s.chosen_k) == s.target_forwards == len(s.tree_nodes)
-    assert len(set(s.chosen_k)) >= 3  # the depth really varies
-    assert all(depth <= k for depth, k in zip(s.tree_depths, s.chosen_k))
-    assert max(s.tree_nodes) > 0  # trees were verified
-    if name != "ngram":  # the n-gram trie finds nothing worth accepting in some random models' outputs
-        assert s.accepted > 0
-
-
 def test_auto_string_builds_a_fresh_model(arch_case):
     arch, target, draft, reference = arch_case
     out = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=4), PROMPT, sampling=GREEDY,
