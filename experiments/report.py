@@ -22,12 +22,13 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import seaborn as sns
 
 from specdec.markdown import markdown_table
 from specdec.runtime.machine import machine_label
 from specdec.theory import optimal_k, walltime_improvement
 
-from .run.figures import sweep_figures
+from .run.figures import figure, theory_curve
 from .sweeps import status_markdown, sweep_status
 
 RUN_COLUMNS = [  # run table: settings, then measurements
@@ -89,29 +90,70 @@ def best_k(runs: pd.DataFrame) -> pd.DataFrame:
         best = group.loc[group["speedup"].idxmax()]
         alpha, c = group["alpha"].mean(), group["c"].mean()
         predicted = optimal_k(alpha, c) if not (math.isnan(alpha) or math.isnan(c)) else math.nan
-        records.append(
-            {
-                "machine": machine,
-                "draft": draft,
-                "draft_quantization": quantization,
-                "temperature": temperature,
-                "k_tried": ",".join(str(int(k)) for k in sorted(group["k"].unique())),
-                "best_k": int(best["k"]),
-                "speedup_at_best_k": best["speedup"],
-                "alpha": alpha,
-                "c": c,
-                "theory_optimal_k": predicted,
-                "theory_speedup_at_optimal_k": walltime_improvement(alpha, c, predicted)
-                if not math.isnan(predicted)
-                else math.nan,
-            }
-        )
+        records.append({
+            "machine": machine, "draft": draft, "draft_quantization": quantization, "temperature": temperature,
+            "k_tried": ",".join(str(int(k)) for k in sorted(group["k"].unique())), "best_k": int(best["k"]),
+            "speedup_at_best_k": best["speedup"], "alpha": alpha, "c": c, "theory_optimal_k": predicted,
+            "theory_speedup_at_optimal_k": walltime_improvement(alpha, c, predicted)
+            if not math.isnan(predicted) else math.nan,
+        })  # fmt: skip
     return pd.DataFrame(records)
 
 
 def frame_markdown(df: pd.DataFrame) -> str:
     """A DataFrame as a GitHub markdown table; floats to 3 decimals, NaN as a dash."""
     return markdown_table(list(df.columns), [list(row) for row in df.itertuples(index=False)])
+
+
+def speedup_vs_k(runs: pd.DataFrame, path: Path) -> Path:
+    """Measured speedup against k, one line per temperature, one style per draft."""
+    with figure(path, (7, 4.5), xlabel="k (draft tokens per round)", ylabel="speedup over target-only",
+                title="Speedup against k") as ax:  # fmt: skip
+        sns.lineplot(data=runs, x="k", y="speedup", hue="temperature", style="draft", markers=True, ax=ax,
+                     palette="viridis", errorbar=None)  # fmt: skip
+        ax.axhline(1.0, color="gray", lw=1)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
+    return path
+
+
+def alpha_vs_temperature(runs: pd.DataFrame, path: Path) -> Path:
+    """Measured alpha against temperature, one line per draft and quantization."""
+    with figure(path, (7, 4.5), xlabel="temperature", ylabel="alpha (mean sum min(p, q))", ylim=(0, 1.05),
+                title="Alpha against temperature and quantization") as ax:  # fmt: skip
+        sns.lineplot(data=runs, x="temperature", y="alpha", hue="draft", style="draft_quantization", markers=True,
+                     ax=ax, errorbar=None)  # fmt: skip
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
+    return path
+
+
+def measured_on_theory(runs: pd.DataFrame, path: Path) -> Path:
+    """Measured speedups as points on Thm 3.8 curves drawn from each group's mean alpha and c."""
+    temperatures = sorted(runs["temperature"].unique())
+    colors = dict(zip(sorted(runs["draft"].unique()), sns.color_palette()))
+    with figure(path, (6.5 * len(temperatures), 4.5), len(temperatures), xlabel="k",
+                ylabel="speedup over target-only") as axes:  # fmt: skip
+        for ax, temperature in zip(axes, temperatures):
+            for draft, group in runs[runs["temperature"] == temperature].groupby("draft"):
+                alpha, c = group["alpha"].mean(), group["c"].mean()
+                theory_curve(ax, alpha, c, max(8, int(runs["k"].max())), color=colors[draft],
+                             label=f"{draft}: theory (alpha {alpha:.2f}, c {c:.2f})")  # fmt: skip
+                ax.plot(group["k"], group["speedup"], "o", color=colors[draft], label=f"{draft}: measured")
+            ax.axhline(1.0, color="gray", lw=1)
+            ax.set(title=f"temperature {temperature:g}")
+            ax.legend(fontsize=7)
+    return path
+
+
+def sweep_figures(runs: pd.DataFrame, folder: Path) -> list[Path]:
+    """Every sweep figure the runs support; returns the files written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = runs.dropna(subset=["speedup", "alpha"])
+    if spec.empty:
+        return []
+    paths = [speedup_vs_k(spec, folder / "speedup_vs_k.png"), alpha_vs_temperature(spec, folder / "alpha.png")]
+    if spec["c"].notna().any():
+        paths.append(measured_on_theory(spec.dropna(subset=["c"]), folder / "measured_on_theory.png"))
+    return paths
 
 
 def machine_figures(runs: pd.DataFrame, out: Path) -> list[Path]:
