@@ -3,11 +3,11 @@
     python -m experiments.report multirun/2026-11-29/10-00-00_smollm2     # a Hydra multirun folder
     python -m experiments.report outputs/2026-11-29/10-00-00_smollm2      # one run works too
 
-Reads every summary.json below the folder (one per finished run) and writes into <folder>/report/:
-report.md (printed), runs.csv, best_k.csv, jobs.csv and the figures speedup_vs_k.png (per temperature),
-alpha.png (against temperature and quantization) and measured_on_theory.png (measured points on
-Leviathan's Thm 3.8 curves drawn from each draft's measured alpha and c). Runs with k=auto or a
-token tree have no single k: they get a table of their own (schedule.csv) and stay out of best_k.
+Reads every summary.json below the folder (one per finished run) and writes into <folder>/report/: report.md
+(printed), runs.csv, best_k.csv, jobs.csv and the figures speedup_vs_k.png (per temperature), alpha.png (against
+temperature and quantization) and measured_on_theory.png (measured points on Leviathan's Thm 3.8 curves drawn from
+each draft's measured alpha and c). Runs with k=auto or a token tree have no single k: they get a table of their own
+(schedule.csv) and stay out of best_k.
 A sweep's jobs are listed by status (experiments.sweeps): failed ones with their error line, started and not
 yet started ones, so the report can be re-run while the sweep runs. Each run's machine (its environment.json:
 device, CPU flags) is a column; runs on different machines never share a ratio: best_k is per machine, and the
@@ -71,9 +71,7 @@ def load_runs(folder: Path) -> pd.DataFrame:
         return pd.DataFrame()
     runs = pd.DataFrame(records)
     runs["tree"] = runs["tree"].fillna("none") if "tree" in runs else "none"  # summaries before trees
-    runs["schedule"] = [
-        f"tree={tree}" if tree != "none" else f"k={k}" for tree, k in zip(runs["tree"], runs["k"])
-    ]
+    runs["schedule"] = [f"tree={tree}" if tree != "none" else f"k={k}" for tree, k in zip(runs["tree"], runs["k"])]
     runs["k"] = pd.to_numeric(runs["k"], errors="coerce").where(runs["tree"] == "none")  # NaN: auto, tree
     runs = runs.sort_values(["model", "temperature", "k"], ignore_index=True)
     runs = runs.rename(columns={"draft": "drafter"})  # what drafted, as the run recorded it
@@ -105,23 +103,13 @@ def frame_markdown(df: pd.DataFrame) -> str:
     return markdown_table(list(df.columns), [list(row) for row in df.itertuples(index=False)])
 
 
-def speedup_vs_k(runs: pd.DataFrame, path: Path) -> Path:
-    """Measured speedup against k, one line per temperature, one style per draft."""
-    with figure(path, (7, 4.5), xlabel="k (draft tokens per round)", ylabel="speedup over target-only",
-                title="Speedup against k") as ax:  # fmt: skip
-        sns.lineplot(data=runs, x="k", y="speedup", hue="temperature", style="draft", markers=True, ax=ax,
-                     palette="viridis", errorbar=None)  # fmt: skip
-        ax.axhline(1.0, color="gray", lw=1)
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
-    return path
-
-
-def alpha_vs_temperature(runs: pd.DataFrame, path: Path) -> Path:
-    """Measured alpha against temperature, one line per draft and quantization."""
-    with figure(path, (7, 4.5), xlabel="temperature", ylabel="alpha (mean sum min(p, q))", ylim=(0, 1.05),
-                title="Alpha against temperature and quantization") as ax:  # fmt: skip
-        sns.lineplot(data=runs, x="temperature", y="alpha", hue="draft", style="draft_quantization", markers=True,
-                     ax=ax, errorbar=None)  # fmt: skip
+def measured_lines(runs: pd.DataFrame, path: Path, x: str, y: str, hue: str, style: str, palette: str | None = None,
+                   **labels) -> Path:  # fmt: skip
+    """Measured y against x, one line per hue, one style per `style`; speedups over the line 1."""
+    with figure(path, (7, 4.5), **labels) as ax:
+        sns.lineplot(data=runs, x=x, y=y, hue=hue, style=style, markers=True, ax=ax, palette=palette, errorbar=None)
+        if y == "speedup":
+            ax.axhline(1.0, color="gray", lw=1)
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
     return path
 
@@ -150,7 +138,13 @@ def sweep_figures(runs: pd.DataFrame, folder: Path) -> list[Path]:
     spec = runs.dropna(subset=["speedup", "alpha"])
     if spec.empty:
         return []
-    paths = [speedup_vs_k(spec, folder / "speedup_vs_k.png"), alpha_vs_temperature(spec, folder / "alpha.png")]
+    paths = [  # speedup against k per temperature, alpha against temperature and quantization
+        measured_lines(spec, folder / "speedup_vs_k.png", "k", "speedup", "temperature", "draft", "viridis",
+                       xlabel="k (draft tokens per round)", ylabel="speedup over target-only", title="Speedup against k"),
+        measured_lines(spec, folder / "alpha.png", "temperature", "alpha", "draft", "draft_quantization",
+                       xlabel="temperature", ylabel="alpha (mean sum min(p, q))", ylim=(0, 1.05),
+                       title="Alpha against temperature and quantization"),
+    ]  # fmt: skip
     if spec["c"].notna().any():
         paths.append(measured_on_theory(spec.dropna(subset=["c"]), folder / "measured_on_theory.png"))
     return paths
@@ -159,10 +153,9 @@ def sweep_figures(runs: pd.DataFrame, folder: Path) -> list[Path]:
 def machine_figures(runs: pd.DataFrame, out: Path) -> list[Path]:
     """The sweep figures per machine: into out itself for one machine, else into out/machine-<n>/."""
     machines = sorted(runs["machine"].unique())
-    if len(machines) == 1:
-        return sweep_figures(runs, out)
     return [path for n, machine in enumerate(machines, 1)
-            for path in sweep_figures(runs[runs["machine"] == machine], out / f"machine-{n}")]  # fmt: skip
+            for path in sweep_figures(runs[runs["machine"] == machine], out / f"machine-{n}" if len(machines) > 1
+                                      else out)]  # fmt: skip
 
 
 def runs_section(runs: pd.DataFrame, out: Path) -> str:
@@ -215,8 +208,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
-    print(report(args.folder, args.out))
+    print(report(**vars(parser().parse_args())))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,9 @@
 """Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, what the run chose, and
 summary.md.
 
-Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
-tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
-its accepted depth is the number of draft tokens it accepted (the depth of the accepted path of a
-tree, the accepted prefix of a chain). With k=auto each round's k is chosen by specdec.choose.cost.CostModel,
-which also predicts E(k) tokens in C(k) seconds for the rounds after its warm-up.
+Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft tokens per round, c =
+cost of one draft step / cost of one target step. A round is one target pass; its accepted depth is the number of
+draft tokens it accepted (the depth of the accepted path of a tree, the accepted prefix of a chain).
 """
 
 from __future__ import annotations
@@ -86,9 +84,7 @@ def stats_of(rows: pd.DataFrame) -> list[Stats]:
             for row in rows.to_dict("records")]  # fmt: skip
 
 
-def run_metrics(
-    table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int
-) -> tuple[dict[str, float], dict[str, list[int]]]:
+def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int) -> tuple[dict, dict]:
     """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard, and the
     histograms of the speculative rounds. k: the fixed chain length Thm 3.8 is checked at (None for
     k=auto and trees); longest: the longest draft (k, k_max or the tree depth)."""
@@ -151,16 +147,10 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
     def listed(name: str) -> str:
         return ", ".join(f"{value}: {n}" for value, n in enumerate(histograms[name]))
 
-    passes = (
-        f"Speculative rounds (target passes): {metrics['rounds']:.0f}, "
-        f"{metrics['tokens_per_pass/speculative']:.2f} tokens per target pass "
-        f"(target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f})."
-    )
-    depth = (
-        f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
-        f"rounds by depth {listed('accepted_depth')}."
-    )
-    lines = [passes, depth]
+    lines = [(f"Speculative rounds (target passes): {metrics['rounds']:.0f}, {metrics['tokens_per_pass/speculative']:.2f}"
+              f" tokens per target pass (target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f}).")]
+    lines.append(f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
+                 f"rounds by depth {listed('accepted_depth')}.")  # fmt: skip
     if "chosen_k" in histograms:
         lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
         lines.append(f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the "
@@ -169,27 +159,21 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
     if threads:
         lines.append(f"Torch thread count chosen each round (threads=auto): {threads} of the rounds.")
     if drafts:
-        lines.append(
-            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} of "
-            "the rounds (figures/decisions.png: the choices over the run)."
-        )
+        lines.append(f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} "
+                     "of the rounds (figures/decisions.png: the choices over the run).")  # fmt: skip
     if "tree_nodes_mean" in metrics:
         lines.append(f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, depth {metrics['tree_depth_mean']:.2f}.")
     if "predicted_tokens_per_second" in metrics:
-        lines.append(
-            f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
-            f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
-            f"(ratio {metrics['predicted_over_measured']:.2f})."
-        )
+        lines.append(f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
+                     f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
+                     f"(ratio {metrics['predicted_over_measured']:.2f}).")  # fmt: skip
     return "\n".join(lines) + "\n\n"
 
 
 def write_summary(run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict, histograms: dict[str, list[int]],
                   sentence: str, done: int) -> str:  # fmt: skip
     """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
-    theory = ""
-    if "c" in metrics:
-        theory = (
+    theory = "" if "c" not in metrics else (
             f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
             f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
             f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
@@ -207,14 +191,10 @@ def write_summary(run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict,
             choices[name] = json.loads((run_dir / f"{name}.json").read_text())
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
-    summary = {
-        "config": keys,
-        "metrics": {k: strict_json(v) for k, v in metrics.items()},
-        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
-        "prompts_done": done,
-        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
-        **choices,
-    }
+    summary = {"config": keys, "metrics": {k: strict_json(v) for k, v in metrics.items()},
+               "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
+               "prompts_done": done, "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
+               **choices}  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text
 
