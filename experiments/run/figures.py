@@ -62,8 +62,7 @@ def accepted_length_histogram(spec: pd.DataFrame, alpha: float, k: int, path: Pa
     """Share of rounds accepting n = 0..k drafts (a tree: the accepted depth), next to the i.i.d. model
     alpha^n (1 - alpha) when `theory` (a chain of fixed k)."""
     counts = pd.Series([n for rounds in spec["accepted_per_round"] for n in rounds]).value_counts(normalize=True)
-    measured = pd.DataFrame({"accepted": range(k + 1)})
-    measured["share"] = measured["accepted"].map(counts).fillna(0.0)
+    measured = pd.DataFrame({"accepted": range(k + 1), "share": [counts.get(n, 0.0) for n in range(k + 1)]})
     title = f"Accepted length per round (k = {k})" if theory else f"Accepted depth per round (longest {k})"
     with figure(path, xlabel="draft tokens accepted in a round", ylabel="share of rounds", title=title) as ax:
         sns.barplot(data=measured, x="accepted", y="share", ax=ax, color="C0", label="measured")

@@ -14,11 +14,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-PROMPT_METRICS = (
-    "tokens_per_second", "seconds_total", "emitted", "acceptance_rate", "mean_accepted_length", "alpha",
-    "nll", "agreement", "distinct_2", "repetition_4", "peak_rss_mb", "chosen_k_mean", "plain_step_share", "tree_nodes_mean",
-    "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second",
-)  # fmt: skip
+PROMPT_METRICS = (  # logged per prompt as <method>/<metric>
+    "tokens_per_second", "seconds_total", "emitted", "acceptance_rate", "mean_accepted_length", "alpha", "nll",
+    "agreement", "distinct_2", "repetition_4", "peak_rss_mb", "chosen_k_mean", "plain_step_share", "tree_nodes_mean",
+    "accepted_depth_mean", "predicted_tokens_per_second", "measured_tokens_per_second")  # fmt: skip
 
 
 class NoLogger:
