@@ -3,11 +3,11 @@
     python -m experiments.report multirun/2026-11-29/10-00-00_smollm2     # a Hydra multirun folder
     python -m experiments.report outputs/2026-11-29/10-00-00_smollm2      # one run works too
 
-Reads every summary.json below the folder (one per finished run) and writes into <folder>/report/:
-report.md (printed), runs.csv, best_k.csv, jobs.csv and the figures speedup_vs_k.png (per temperature),
-alpha.png (against temperature and quantization) and measured_on_theory.png (measured points on
-Leviathan's Thm 3.8 curves drawn from each draft's measured alpha and c). Runs with k=auto or a
-token tree have no single k: they get a table of their own (schedule.csv) and stay out of best_k.
+Reads every summary.json below the folder (one per finished run) and writes into <folder>/report/: report.md
+(printed), runs.csv, best_k.csv, jobs.csv and the figures speedup_vs_k.png (per temperature), alpha.png (against
+temperature and quantization) and measured_on_theory.png (measured points on Leviathan's Thm 3.8 curves drawn from
+each draft's measured alpha and c). Runs with k=auto or a token tree have no single k: they get a table of their own
+(schedule.csv) and stay out of best_k.
 A sweep's jobs are listed by status (experiments.sweeps): failed ones with their error line, started and not
 yet started ones, so the report can be re-run while the sweep runs. Each run's machine (its environment.json:
 device, CPU flags) is a column; runs on different machines never share a ratio: best_k is per machine, and the
@@ -22,12 +22,13 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import seaborn as sns
 
 from specdec.markdown import markdown_table
 from specdec.runtime.machine import machine_label
 from specdec.theory import optimal_k, walltime_improvement
 
-from .run.figures import sweep_figures
+from .run.figures import figure, theory_curve
 from .sweeps import status_markdown, sweep_status
 
 RUN_COLUMNS = [  # run table: settings, then measurements
@@ -70,9 +71,7 @@ def load_runs(folder: Path) -> pd.DataFrame:
         return pd.DataFrame()
     runs = pd.DataFrame(records)
     runs["tree"] = runs["tree"].fillna("none") if "tree" in runs else "none"  # summaries before trees
-    runs["schedule"] = [
-        f"tree={tree}" if tree != "none" else f"k={k}" for tree, k in zip(runs["tree"], runs["k"])
-    ]
+    runs["schedule"] = [f"tree={tree}" if tree != "none" else f"k={k}" for tree, k in zip(runs["tree"], runs["k"])]
     runs["k"] = pd.to_numeric(runs["k"], errors="coerce").where(runs["tree"] == "none")  # NaN: auto, tree
     runs = runs.sort_values(["model", "temperature", "k"], ignore_index=True)
     runs = runs.rename(columns={"draft": "drafter"})  # what drafted, as the run recorded it
@@ -89,23 +88,13 @@ def best_k(runs: pd.DataFrame) -> pd.DataFrame:
         best = group.loc[group["speedup"].idxmax()]
         alpha, c = group["alpha"].mean(), group["c"].mean()
         predicted = optimal_k(alpha, c) if not (math.isnan(alpha) or math.isnan(c)) else math.nan
-        records.append(
-            {
-                "machine": machine,
-                "draft": draft,
-                "draft_quantization": quantization,
-                "temperature": temperature,
-                "k_tried": ",".join(str(int(k)) for k in sorted(group["k"].unique())),
-                "best_k": int(best["k"]),
-                "speedup_at_best_k": best["speedup"],
-                "alpha": alpha,
-                "c": c,
-                "theory_optimal_k": predicted,
-                "theory_speedup_at_optimal_k": walltime_improvement(alpha, c, predicted)
-                if not math.isnan(predicted)
-                else math.nan,
-            }
-        )
+        records.append({
+            "machine": machine, "draft": draft, "draft_quantization": quantization, "temperature": temperature,
+            "k_tried": ",".join(str(int(k)) for k in sorted(group["k"].unique())), "best_k": int(best["k"]),
+            "speedup_at_best_k": best["speedup"], "alpha": alpha, "c": c, "theory_optimal_k": predicted,
+            "theory_speedup_at_optimal_k": walltime_improvement(alpha, c, predicted)
+            if not math.isnan(predicted) else math.nan,
+        })  # fmt: skip
     return pd.DataFrame(records)
 
 
@@ -114,13 +103,59 @@ def frame_markdown(df: pd.DataFrame) -> str:
     return markdown_table(list(df.columns), [list(row) for row in df.itertuples(index=False)])
 
 
+def measured_lines(runs: pd.DataFrame, path: Path, x: str, y: str, hue: str, style: str, palette: str | None = None,
+                   **labels) -> Path:  # fmt: skip
+    """Measured y against x, one line per hue, one style per `style`; speedups over the line 1."""
+    with figure(path, (7, 4.5), **labels) as ax:
+        sns.lineplot(data=runs, x=x, y=y, hue=hue, style=style, markers=True, ax=ax, palette=palette, errorbar=None)
+        if y == "speedup":
+            ax.axhline(1.0, color="gray", lw=1)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
+    return path
+
+
+def measured_on_theory(runs: pd.DataFrame, path: Path) -> Path:
+    """Measured speedups as points on Thm 3.8 curves drawn from each group's mean alpha and c."""
+    temperatures = sorted(runs["temperature"].unique())
+    colors = dict(zip(sorted(runs["draft"].unique()), sns.color_palette()))
+    with figure(path, (6.5 * len(temperatures), 4.5), len(temperatures), xlabel="k",
+                ylabel="speedup over target-only") as axes:  # fmt: skip
+        for ax, temperature in zip(axes, temperatures):
+            for draft, group in runs[runs["temperature"] == temperature].groupby("draft"):
+                alpha, c = group["alpha"].mean(), group["c"].mean()
+                theory_curve(ax, alpha, c, max(8, int(runs["k"].max())), color=colors[draft],
+                             label=f"{draft}: theory (alpha {alpha:.2f}, c {c:.2f})")  # fmt: skip
+                ax.plot(group["k"], group["speedup"], "o", color=colors[draft], label=f"{draft}: measured")
+            ax.axhline(1.0, color="gray", lw=1)
+            ax.set(title=f"temperature {temperature:g}")
+            ax.legend(fontsize=7)
+    return path
+
+
+def sweep_figures(runs: pd.DataFrame, folder: Path) -> list[Path]:
+    """Every sweep figure the runs support; returns the files written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = runs.dropna(subset=["speedup", "alpha"])
+    if spec.empty:
+        return []
+    paths = [  # speedup against k per temperature, alpha against temperature and quantization
+        measured_lines(spec, folder / "speedup_vs_k.png", "k", "speedup", "temperature", "draft", "viridis",
+                       xlabel="k (draft tokens per round)", ylabel="speedup over target-only", title="Speedup against k"),
+        measured_lines(spec, folder / "alpha.png", "temperature", "alpha", "draft", "draft_quantization",
+                       xlabel="temperature", ylabel="alpha (mean sum min(p, q))", ylim=(0, 1.05),
+                       title="Alpha against temperature and quantization"),
+    ]  # fmt: skip
+    if spec["c"].notna().any():
+        paths.append(measured_on_theory(spec.dropna(subset=["c"]), folder / "measured_on_theory.png"))
+    return paths
+
+
 def machine_figures(runs: pd.DataFrame, out: Path) -> list[Path]:
     """The sweep figures per machine: into out itself for one machine, else into out/machine-<n>/."""
     machines = sorted(runs["machine"].unique())
-    if len(machines) == 1:
-        return sweep_figures(runs, out)
     return [path for n, machine in enumerate(machines, 1)
-            for path in sweep_figures(runs[runs["machine"] == machine], out / f"machine-{n}")]  # fmt: skip
+            for path in sweep_figures(runs[runs["machine"] == machine], out / f"machine-{n}" if len(machines) > 1
+                                      else out)]  # fmt: skip
 
 
 def runs_section(runs: pd.DataFrame, out: Path) -> str:
@@ -173,8 +208,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
-    print(report(args.folder, args.out))
+    print(report(**vars(parser().parse_args())))
 
 
 if __name__ == "__main__":

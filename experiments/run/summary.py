@@ -1,11 +1,9 @@
 """Per-prompt rows -> per-method table, run metrics with stable names, the theory they meet, what the run chose, and
 summary.md.
 
-Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft
-tokens per round, c = cost of one draft step / cost of one target step. A round is one target pass;
-its accepted depth is the number of draft tokens it accepted (the depth of the accepted path of a
-tree, the accepted prefix of a chain). With k=auto each round's k is chosen by specdec.choose.cost.CostModel,
-which also predicts E(k) tokens in C(k) seconds for the rounds after its warm-up.
+Notation of Leviathan et al.: alpha = expected acceptance of one draft token, k = gamma draft tokens per round, c =
+cost of one draft step / cost of one target step. A round is one target pass; its accepted depth is the number of
+draft tokens it accepted (the depth of the accepted path of a tree, the accepted prefix of a chain).
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ TABLE_COLUMNS = {  # column -> how the markdown table prints it
 }  # fmt: skip
 PER_METHOD = {  # run metric <name>/<method> -> its method table column
     "tokens_per_second": "tokens_per_second", "latency_s": "latency_s", "peak_memory_mb": "peak_rss_mb",
-    "cuda_peak_memory_mb": "peak_cuda_mb", "weights_mb": "weights_mb", "nll_per_token": "nll_per_token",
-    "agreement": "agreement", "distinct_2": "distinct_2", "repetition_4": "repetition_4",
+    "cuda_peak_memory_mb": "peak_cuda_mb", **{c: c for c in ("weights_mb", "nll_per_token", "agreement",
+                                                             "distinct_2", "repetition_4")},
 }  # fmt: skip
 
 
@@ -59,20 +57,14 @@ def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
         "tokens_per_second": ratio(rows["emitted"].sum(), wall_seconds(rows)),  # throughput over every row
         "acceptance_rate": ratio(rows["accepted"].sum(), rows["drafted"].sum()) if speculative else math.nan,
         "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
-        if speculative or method == BASELINE
-        else math.nan,
+        if speculative or method == BASELINE else math.nan,
         "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
         "nll_per_token": rows["nll"].mean(),
-        "agreement": rows["agreement"].mean(),
-        "distinct_2": rows["distinct_2"].mean(),
-        "repetition_4": rows["repetition_4"].mean(),
-        "article_log_likelihood": rows["article_log_likelihood"].mean()
-        if "article_log_likelihood" in rows
+        **rows[["agreement", "distinct_2", "repetition_4"]].mean(),
+        "article_log_likelihood": rows["article_log_likelihood"].mean() if "article_log_likelihood" in rows
         else math.nan,
-        "weights_mb": rows["weights_mb"].max(),
-        "peak_rss_mb": rows["peak_rss_mb"].max(),
-        "peak_cuda_mb": rows["peak_cuda_mb"].max(),
-    }
+        **rows[["weights_mb", "peak_rss_mb", "peak_cuda_mb"]].max(),
+    }  # fmt: skip
 
 
 def method_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -92,21 +84,13 @@ def stats_of(rows: pd.DataFrame) -> list[Stats]:
             for row in rows.to_dict("records")]  # fmt: skip
 
 
-def run_metrics(
-    table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int
-) -> tuple[dict[str, float], dict[str, list[int]]]:
+def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int) -> tuple[dict, dict]:
     """Flat metrics with the same names in every run, so W&B groups a sweep in one dashboard, and the
     histograms of the speculative rounds. k: the fixed chain length Thm 3.8 is checked at (None for
     k=auto and trees); longest: the longest draft (k, k_max or the tree depth)."""
     metrics: dict[str, float] = {}
     if "speculative" in table.index:
-        spec = table.loc["speculative"]
-        metrics.update(
-            acceptance_rate=spec["acceptance_rate"],
-            mean_accepted_length=spec["mean_accepted_length"],
-            alpha=spec["alpha"],
-            speedup=spec["speedup"],
-        )
+        metrics.update(table.loc["speculative", ["acceptance_rate", "mean_accepted_length", "alpha", "speedup"]])
         if k is not None:  # Thm 3.8 against the measured alpha, c and k (specdec.metrics.theory_check)
             metrics.update(theory_check(stats_of(rows[rows["method"] == BASELINE]),
                                         stats_of(rows[rows["method"] == "speculative"]), k))
@@ -145,10 +129,7 @@ def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
 def method_markdown(table: pd.DataFrame) -> str:
     """The method table as a GitHub markdown table (NaN printed as a dash)."""
     columns = [c for c in TABLE_COLUMNS if c in table.columns and table[c].notna().any()]
-    rows = [
-        [method, *(cell(float(row[c]), TABLE_COLUMNS[c]) for c in columns)]
-        for method, row in table.iterrows()
-    ]
+    rows = [[method, *(cell(float(row[c]), TABLE_COLUMNS[c]) for c in columns)] for method, row in table.iterrows()]
     return markdown_table(["method", *columns], rows)
 
 
@@ -166,57 +147,33 @@ def rounds_markdown(metrics: dict[str, float], histograms: dict[str, list[int]])
     def listed(name: str) -> str:
         return ", ".join(f"{value}: {n}" for value, n in enumerate(histograms[name]))
 
-    passes = (
-        f"Speculative rounds (target passes): {metrics['rounds']:.0f}, "
-        f"{metrics['tokens_per_pass/speculative']:.2f} tokens per target pass "
-        f"(target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f})."
-    )
-    depth = (
-        f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
-        f"rounds by depth {listed('accepted_depth')}."
-    )
-    lines = [passes, depth]
+    lines = [(f"Speculative rounds (target passes): {metrics['rounds']:.0f}, {metrics['tokens_per_pass/speculative']:.2f}"
+              f" tokens per target pass (target-only: {metrics.get('tokens_per_pass/autoregressive', math.nan):.2f}).")]
+    lines.append(f"Accepted depth (draft tokens accepted per round): mean {metrics['accepted_depth_mean']:.2f}; "
+                 f"rounds by depth {listed('accepted_depth')}.")  # fmt: skip
     if "chosen_k" in histograms:
         lines.append(f"Chosen k: mean {metrics['chosen_k_mean']:.2f}; rounds by k {listed('chosen_k')}.")
-        lines.append(
-            f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the last "
-            "round of a budget, where no draft token fits, included)."
-        )
+        lines.append(f"Plain target steps (no draft): {100 * metrics['plain_step_share']:.0f}% of the rounds (the "
+                     "last round of a budget, where no draft token fits, included).")  # fmt: skip
     threads, drafts = listed_shares(metrics, "threads_share", " threads"), listed_shares(metrics, "draft_share")
     if threads:
         lines.append(f"Torch thread count chosen each round (threads=auto): {threads} of the rounds.")
     if drafts:
-        lines.append(
-            f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} of "
-            "the rounds (figures/decisions.png: the choices over the run)."
-        )
+        lines.append(f"Draft chosen each round (k=auto over the calibrated candidates, specdec.choose.online): {drafts} "
+                     "of the rounds (figures/decisions.png: the choices over the run).")  # fmt: skip
     if "tree_nodes_mean" in metrics:
-        lines.append(
-            f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, "
-            f"depth {metrics['tree_depth_mean']:.2f}."
-        )
+        lines.append(f"Tree size: {metrics['tree_nodes_mean']:.2f} nodes per pass, depth {metrics['tree_depth_mean']:.2f}.")
     if "predicted_tokens_per_second" in metrics:
-        lines.append(
-            f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
-            f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
-            f"(ratio {metrics['predicted_over_measured']:.2f})."
-        )
+        lines.append(f"Cost model over the rounds it predicted: {metrics['predicted_tokens_per_second']:.1f} tokens/s "
+                     f"predicted, {metrics['measured_tokens_per_second']:.1f} measured "
+                     f"(ratio {metrics['predicted_over_measured']:.2f}).")  # fmt: skip
     return "\n".join(lines) + "\n\n"
 
 
-def write_summary(
-    run_dir: Path,
-    keys: dict,
-    table: pd.DataFrame,
-    metrics: dict,
-    histograms: dict[str, list[int]],
-    sentence: str,
-    done: int,
-) -> str:
+def write_summary(run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict, histograms: dict[str, list[int]],
+                  sentence: str, done: int) -> str:  # fmt: skip
     """summary.md (printed too), summary.csv and summary.json (what the report reads)."""
-    theory = ""
-    if "c" in metrics:
-        theory = (
+    theory = "" if "c" not in metrics else (
             f"Theory (Leviathan Thm 3.8) for the measured alpha {metrics['alpha']:.3f}, c {metrics['c']:.3f} "
             f"and k {keys['k']}: speedup {metrics['theoretical_speedup']:.2f}x (measured "
             f"{metrics['speedup']:.2f}x; optimal k {metrics['optimal_k']:.0f}). A verification pass cost "
@@ -224,12 +181,9 @@ def write_summary(
             f"the theorem predicts {metrics['theoretical_speedup_with_verify_cost']:.2f}x.\n\n"
         )
     settings = ", ".join(f"{key}={value}" for key, value in keys.items())
-    table_text = method_markdown(table)
     env = json.loads((run_dir / "environment.json").read_text())
-    text = (
-        f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
-        f"{table_text}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n"
-    )
+    text = (f"# Summary\n\n{settings}; prompts finished: {done}\n\n{machine_sentence(env)}\n\n"
+            f"{method_markdown(table)}\n\n{rounds_markdown(metrics, histograms)}{theory}{sentence}\n")  # fmt: skip
     choices = {}  # threads=auto's choice, the calibrated draft's and the compiled runtime's, and why (write_choices)
     for name in ("threads", "calibration", "runtime"):
         if (run_dir / f"{name}.json").exists():
@@ -237,31 +191,30 @@ def write_summary(
             choices[name] = json.loads((run_dir / f"{name}.json").read_text())
     (run_dir / "summary.md").write_text(text)
     table.to_csv(run_dir / "summary.csv")
-    summary = {
-        "config": keys,
-        "metrics": {k: strict_json(v) for k, v in metrics.items()},
-        "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
-        "prompts_done": done,
-        "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
-        **choices,
-    }
+    summary = {"config": keys, "metrics": {k: strict_json(v) for k, v in metrics.items()},
+               "histograms": histograms,  # name -> rounds per value 0, 1, ... (chosen_k, accepted_depth)
+               "prompts_done": done, "machine": {"cpu": env["cpu"], "bitsandbytes_cpu": env["bitsandbytes_cpu"]},
+               **choices}  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return text
 
 
+def write_record(run_dir: Path, name: str, markdown: str, record: dict) -> None:
+    """<name>.md and <name>.json, which write_summary joins to summary.md and summary.json."""
+    (run_dir / f"{name}.md").write_text(markdown)
+    write_json(run_dir / f"{name}.json", record)
+
+
 def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Calibration | None) -> None:
     """threads.md / .json when threads=auto chose the thread count; calibration.md / .json when the pair's draft was
-    calibrated (write_summary joins them to summary.md and summary.json)."""
+    calibrated."""
     if threads is not None:
-        (run_dir / "threads.md").write_text(threads.markdown())
-        write_json(run_dir / "threads.json", asdict(threads))
+        write_record(run_dir, "threads", threads.markdown(), asdict(threads))
     if calibration is not None:
-        (run_dir / "calibration.md").write_text(calibration.markdown())
-        write_json(run_dir / "calibration.json", calibration.to_json())
+        write_record(run_dir, "calibration", calibration.markdown(), calibration.to_json())
 
 
 def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     """runtime.md / .json when models ran on the compiled runtime (after the run: graphs compile at first use)."""
     if runtimes:
-        (run_dir / "runtime.md").write_text(runtimes_markdown(runtimes))
-        write_json(run_dir / "runtime.json", runtimes_json(runtimes))
+        write_record(run_dir, "runtime", runtimes_markdown(runtimes), runtimes_json(runtimes))
