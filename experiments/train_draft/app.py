@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specdec.auto.threads import use_threads
 from specdec.draft import head_store
 from specdec.draft.head import DraftHead, frequency_ranked, save_head
 from specdec.markdown import markdown_table
@@ -106,7 +107,7 @@ def trained(cfg: DictConfig, head: DraftHead, data: tuple, folder: Path, logger,
 
 def run(cfg: DictConfig, run_dir: Path) -> Path:
     """Train the head these settings describe (or find it trained); its folder."""
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     torch.manual_seed(cfg.train.seed)
     folder = head_folder(cfg)
     if (folder / head_store.META).is_file() and not cfg.retrain:
