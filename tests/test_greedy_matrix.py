@@ -174,8 +174,12 @@ class Case:
         return f"{self.proposer}-{self.rule}-{self.k}-rows{self.rows}-{self.runtime}-{self.arch}"
 
 
+COMPILED_ARCHS = ("llama", "gemma2")  # the compiled runtime's cases: a plain and a sliding-window architecture (each
+# compiled graph costs seconds; tests/test_compiled.py compares compiled and eager on every architecture)
+
+
 def runnable(case: Case) -> bool:
-    """What can run together: a tree rule with a tree drafter; traversal with trees whose siblings are drawn
+    """What can run together (compiled: on COMPILED_ARCHS): a tree rule with a tree drafter; traversal with trees whose siblings are drawn
     (no "top" children, no deterministic lookups); the other vocabulary on one eager row (its drafters keep
     per-sequence state); on a batch "auto" only for chains of one drafter (the rules that choose a tree shape or a
     candidate choose for one sequence)."""
@@ -184,6 +188,8 @@ def runnable(case: Case) -> bool:
     if case.rule == "traversal" and case.proposer not in ("model_iid", "model_distinct", "hybrid"):
         return False
     if case.proposer in CROSS and (case.runtime == "compiled" or case.rows > 1):
+        return False
+    if case.runtime == "compiled" and case.arch not in COMPILED_ARCHS:
         return False
     return not (case.rows > 1 and case.k == "auto" and (case.trees or case.proposer == "switch"))
 
