@@ -1,4 +1,4 @@
-"""Temperature 0: speculative output equals the target's own greedy output, token for token (STYLE.md, principle 11).
+"""Temperature 0: speculative output equals the target's own greedy output, token for token.
 
 One matrix of what can run together: proposer (chain and tree drafters: model copies that agree fully, partly or
 little, a draft reading the target's cache, n-gram lookups, a draft head, a switch between candidates, drafts with

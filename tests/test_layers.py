@@ -1,4 +1,4 @@
-"""The architecture as STYLE.md states it: no import cycles, the library below the apps and free of Hydra and W&B,
+"""The architecture: no import cycles, the library below the apps and free of Hydra and W&B,
 its layers imported downwards only (runtime <- draft, verify <- choose <- decoding <- auto), unique class names,
 library tests free of the apps, and thin apps."""
 
