@@ -18,8 +18,8 @@ def cpu_options(autotune: bool, cpp_wrapper: bool = False, frozen: bool = True) 
     template needs it. Where every linear runs on the packed kernel (specdec.runtime.packed) it buys nothing: a graph
     with frozen weights is one that AOTAutograd's disk cache refuses, so a warm start builds that stage again. On
     `make run`'s profile the warm build took 8.6 s unfrozen against 22.2 s frozen, and 8-token passes 47.2-49.1 ms
-    against 47.5-47.7 ms, interleaved (docs/results/compile-profile/freezing.py; docs/performance.md, "What a warm
-    start spends").
+    against 47.5-47.7 ms, interleaved (docs/results/compile-profile/freezing.py; docs/performance.md, "The
+    runtime").
 
     cpp_wrapper: the graph's kernel calls in compiled C++, not Python: about 2.5-4 ms less a SmolLM2-135M pass. Its
     entry function and its kernels compile as separate units (cpp_wrapper_build_separate): a cold compile of
