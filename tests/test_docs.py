@@ -212,16 +212,41 @@ def test_the_docs_read_as_a_guide_not_a_diary():
 
 
 def test_the_readme_opens_with_the_two_commands_and_one_results_table():
-    """Its first screen: the two commands, then one table whose every row names its command, its commit and its
-    machine (CPU model and flags)."""
+    """Its first screen: the two commands, then one table with a row per kind of machine, whose every row names its
+    command, its commit and its machine (a CPU's model and flags, or a GPU's model)."""
     text = (ROOT / "README.md").read_text()
     first = text[: text.index("\n## ")]
     assert "make run" in first and "make test" in first
     table = [line for line in first.splitlines() if line.startswith("|")]
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert {"command", "commit", "machine"} <= set(header) and len(table) >= 4
+    assert {"command", "commit", "machine"} <= set(header) and len(table) >= 3
     for row in table[2:]:
         cells = dict(zip(header, (c.strip() for c in row.strip("|").split("|"))))
         assert re.fullmatch(r"`(make \w+|python -m experiments\.\w+[^`]*)`", cells["command"]), row
         assert re.fullmatch(r"[0-9a-f]{7,40}", cells["commit"]), row
-        assert re.search(r'"[^"]+", \d+ cores; (avx2|asimd)', cells["machine"]), row  # CPU model, cores; flags
+        assert re.search(r'"[^"]+", \d+ cores; (avx2|asimd)|"NVIDIA [^"]+", \d+ GPUs?', cells["machine"]), row
+
+
+def test_the_readme_fits_a_screen_and_performance_md_stays_short():
+    """A reader finds what this is, the two commands and the headline in the README's first screen; the docs hold the
+    current findings, not their history (that is CHANGELOG.md)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert len(readme[: readme.index("\n## ")].splitlines()) <= 40
+    assert len((ROOT / "docs" / "performance.md").read_text().splitlines()) <= 400
+
+
+# A commit hash: 7-40 hex digits with at least one digit and one letter, as a word of its own.
+HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w/-])")
+RESULTS_PATH = re.compile(r"\S*results/\S*")  # a link or path to a results file (its name may hold a hash)
+
+
+def test_the_docs_name_no_commit_outside_the_results_tables():
+    """Commits belong to the results tables (docs/results.md, the README's headline table) and to CHANGELOG.md."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.startswith("|"):
+                continue
+            found += [f"{path.relative_to(ROOT)}:{n}: {m.group(0)}" for m in HASH.finditer(RESULTS_PATH.sub("", line))]
+    assert found == []
