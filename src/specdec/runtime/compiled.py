@@ -35,6 +35,7 @@ from .inductor import (
     allow_graphs,
     cpu_options,
     cuda_options,
+    dynamic_capacity,
     dynamic_window,
     graphs_built,
     inductor_settings,
@@ -170,8 +171,9 @@ class CompiledForward:
                     raise
         graphs = graphs_built()
         with inductor_settings(self.options):
-            if self.window_slots:  # a call that may compile: its graph takes the window as dynamic
+            if self.window_slots:  # a call that may compile: its graph takes the window and the capacity as dynamic
                 dynamic_window(inputs[2], inputs[3].layers[0].capacity)
+                dynamic_capacity(inputs[3])
             if self.dynamic_width:
                 mark_width(*inputs[:3], widest=max(self.widths))
             out = self.compiled(*inputs) if shape in self.record.seconds else self.first_call(shape, *inputs)
