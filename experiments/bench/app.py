@@ -30,6 +30,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specdec.comparison import contender_figures, pairwise
 from specdec.runtime.models import encode_prompt
 from specdec.runtime.study import ClockedRun, ForwardClock, interleaved_runs, pass_costs
 
@@ -40,7 +41,7 @@ from ..run.settings import CONF_DIR
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import contender_figures, output_check, pairwise, ratios
+from .ratios import output_check, ratios
 from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table
 
