@@ -23,7 +23,7 @@ from specdec.runtime.compiled import CompiledForward
 from specdec.runtime.machine import machine_sentence
 from specdec.runtime.probes import ThreadChoice
 
-from ..records import strict_json, write_json
+from ..records import strict_json, write_result
 from .settings import BASELINE
 
 STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
@@ -199,22 +199,16 @@ def write_summary(run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict,
     return text
 
 
-def write_record(run_dir: Path, name: str, markdown: str, record: dict) -> None:
-    """<name>.md and <name>.json, which write_summary joins to summary.md and summary.json."""
-    (run_dir / f"{name}.md").write_text(markdown)
-    write_json(run_dir / f"{name}.json", record)
-
-
 def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Calibration | None) -> None:
     """threads.md / .json when threads=auto chose the thread count; calibration.md / .json when the pair's draft was
     calibrated."""
     if threads is not None:
-        write_record(run_dir, "threads", threads.markdown(), asdict(threads))
+        write_result(run_dir, "threads", asdict(threads), threads.markdown())
     if calibration is not None:
-        write_record(run_dir, "calibration", calibration.markdown(), calibration.to_json())
+        write_result(run_dir, "calibration", calibration.to_json(), calibration.markdown())
 
 
 def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     """runtime.md / .json when models ran on the compiled runtime (after the run: graphs compile at first use)."""
     if runtimes:
-        write_record(run_dir, "runtime", runtimes_markdown(runtimes), runtimes_json(runtimes))
+        write_result(run_dir, "runtime", runtimes_json(runtimes), runtimes_markdown(runtimes))
