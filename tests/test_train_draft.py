@@ -1,5 +1,5 @@
 """The training app (experiments.train_draft) on the tiny random pair: it trains, writes the head where `draft=head`
-finds it, resumes after an interruption, and reads ShareGPT's cut-off file up to its last whole record."""
+finds it, and resumes after an interruption."""
 
 import json
 import math
@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
 from experiments.train_draft import app, store
-from experiments.train_draft.data import whole_records
 from specdec.draft import head_store
 from specdec.train import loop
 
@@ -79,12 +78,6 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
     validate(make_cfg("model=tiny_random", "draft@model.draft=head", f"model.draft.checkpoint={folder.name}"))
     with pytest.raises(ConfigError, match="no trained draft head at no-such-head"):
         validate(make_cfg("model=tiny_random", "draft@model.draft=head", "model.draft.checkpoint=no-such-head"))
-
-
-def test_sharegpt_reading_stops_at_the_last_whole_record():
-    text = '[\n {"id": "a", "conversations": []},\n {"id": "b", "conversations": [{"from": "human", "va'
-    assert [r["id"] for r in whole_records(text)] == ["a"]
-    assert [r["id"] for r in whole_records('[{"id": "a"}, {"id": "b"}]')] == ["a", "b"]
 
 
 def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10, passes=10):
