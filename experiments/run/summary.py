@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +26,6 @@ from specdec.runtime.probes import ThreadChoice
 from ..records import strict_json, write_result
 from .settings import BASELINE
 
-STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
     "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
     "speedup": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
@@ -78,10 +77,8 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def stats_of(rows: pd.DataFrame) -> list[Stats]:
-    """The rows' statistics back as the library's Stats (counters, per-round lists, phase seconds)."""
-    return [Stats(**{name: row[name] for name in STATS if name in row},
-                  seconds={key[8:]: v for key, v in row.items() if key.startswith("seconds_") and not pd.isna(v)})
-            for row in rows.to_dict("records")]  # fmt: skip
+    """The rows' statistics back as the library's Stats (Stats.from_row)."""
+    return [Stats.from_row(row) for row in rows.to_dict("records")]
 
 
 def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int) -> tuple[dict, dict]:
