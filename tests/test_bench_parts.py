@@ -159,13 +159,14 @@ def test_a_contender_that_raises_while_running_is_recorded(tmp_path, monkeypatch
 def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
     """bench=cross reports our best cross-vocabulary configuration over target-only whether or not Hugging Face's
     universal assisted generation ran too; a same-vocabulary bench does not report it."""
-    from experiments.bench.ratios import Figures, other_ratios
+    from experiments.bench.ratios import other_ratios
+    from specdec.comparison import ContenderFigures
 
     def contender(tps):
         return {"owner": "ours", "drafts": "model", "tokens_per_second": {"median": tps},
                 "by_category": {"chat": {"median": tps}, "code": {"median": tps}}}
 
-    f = Figures({"ar": contender(10.0), "default": contender(10.3), "tli_auto": contender(9.8)})
+    f = ContenderFigures({"ar": contender(10.0), "default": contender(10.3), "tli_auto": contender(9.8)})
     settings = {"max_new_tokens": 48, "draft": "StringDrafter(model=load_model(...))"}
     keys = other_ratios(f, {"settings": settings})
     assert keys["cross_vocab_vs_target_only"] == pytest.approx(1.03)

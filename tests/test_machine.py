@@ -2,8 +2,15 @@
 
 import torch
 
-from specdec.markdown import cell, markdown_table
-from specdec.runtime.machine import flags_present, machine, machine_label, machine_sentence, peak_memory
+from specdec.markdown import cell, document, markdown_table, section
+from specdec.runtime.machine import (
+    cpu_flags,
+    flags_present,
+    machine,
+    machine_label,
+    machine_sentence,
+    peak_memory,
+)
 
 
 def test_the_machine_record_names_the_device_the_cpu_flags_and_the_load():
@@ -12,6 +19,8 @@ def test_the_machine_record_names_the_device_the_cpu_flags_and_the_load():
     assert "git_commit" not in info  # the repository's commit is the apps' to add (experiments.records.machine)
     fake = {**info, "cpu": {**info["cpu"], "flags": {"avx2": True, "avx512f": False}}, "load_average": [2.5, 1, 1]}
     assert flags_present(fake) == "avx2" and machine_label(fake).endswith("; avx2")
+    assert cpu_flags(fake) == ["avx2"]
+    assert cpu_flags({"cpu": {"flags": "unknown (no /proc/cpuinfo)"}}) == []
     assert machine_sentence(fake).startswith(f"Machine: {info['device_name']}; CPU flags: avx2")
     assert "load average 2.5" in machine_sentence(fake)
 
@@ -26,3 +35,8 @@ def test_markdown_cells_and_tables():
     assert (cell(float("nan")), cell(None), cell(0.5, "{:.1f}"), cell(3)) == ("-", "-", "0.5", "3")
     assert markdown_table(["x", "y"], [["a", 0.5], ["b", None]]).splitlines() == ["| x | y |", "|---|---|",
                                                                                   "| a | 0.500 |", "| b | - |"]
+
+
+def test_markdown_documents_are_sections_of_a_sentence_and_a_table():
+    lines = section("Two rows:", ["x"], [[1.0], [2.0]], "{:.1f}") + section(None, ["y"], [["z"]])
+    assert document(lines) == "Two rows:\n\n| x |\n|---|\n| 1.0 |\n| 2.0 |\n\n| y |\n|---|\n| z |\n"

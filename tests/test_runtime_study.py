@@ -6,7 +6,14 @@ import torch
 from specdec import GREEDY, autoregressive_generate
 from specdec.runtime.compiled import compile_model, compiled_forward
 from specdec.runtime.inductor import graphs_built
-from specdec.runtime.study import RuntimeProfile, interleaved, interleaved_runs, runtime_study, throughput
+from specdec.runtime.study import (
+    RuntimeProfile,
+    interleaved,
+    interleaved_runs,
+    plain_step_share,
+    runtime_study,
+    throughput,
+)
 from specdec.runtime.tiny import tiny_model
 
 
@@ -50,3 +57,9 @@ def test_interleaved_runs_warm_up_then_clock_every_input_and_skip_a_failed_loop(
     assert [len(runs["a"][key]) for key in ("p", "q")] == [2, 2] and runs["broken"] == {"p": [], "q": []}
     figures = throughput(runs["a"], {"p": "chat", "q": "code"})
     assert set(figures["by_category"]) == {"chat", "code"} and figures["tokens_per_second"]["n"] == 2
+
+
+def test_plain_step_share_pools_the_prompts_by_their_rounds():
+    run = {"prompts": [{"rounds": 10, "plain_step_share": 0.5}, {"rounds": 30, "plain_step_share": 0.1}]}
+    assert plain_step_share(run) == pytest.approx((5 + 3) / 40)
+    assert plain_step_share({"prompts": [{"rounds": 0, "plain_step_share": None}]}) is None  # target-only

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec import ModelDrafter, NGramDrafter, Sampling, speculative_generate
-from specdec.metrics import pooled_summaries
+from specdec.metrics import Stats, pooled_summaries
 from specdec.runtime.tiny import perturbed_copy, tiny_model
 from specdec.theory import (
     accepted_length_distribution,
@@ -184,3 +184,17 @@ def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():
     assert pooled["chosen_k_histogram"] == [1, 3, 4]
     assert pooled["draft_rounds"] == {"copy": 5, "head": 5, "ngram": 1}
     assert pooled["predicted_tokens_per_second"] == 2.0 and pooled["measured_tokens_per_second"] == 0.5
+
+
+def test_stats_come_back_from_a_flat_row():
+    """A run's results row (summary() and the per-round lists) gives the same Stats back; a phase whose
+    seconds are missing (NaN, None) is left out."""
+    stats = Stats(emitted=9, drafted=8, accepted=5, target_forwards=4, overlap_sum=3.0, overlap_count=4,
+                  accepted_per_round=[2, 1, 2, 0], chosen_k=[2, 2, 2, 2],
+                  seconds={"total": 1.5, "draft": 0.5})
+    row = {**stats.summary(), "accepted_per_round": [2, 1, 2, 0], "chosen_k": [2, 2, 2, 2],
+           "seconds_verify": None, "seconds_prefill": float("nan"), "prompt_id": "p"}  # fmt: skip
+    back = Stats.from_row(row)
+    assert back.seconds == {"total": 1.5, "draft": 0.5}
+    assert (back.emitted, back.alpha, back.accepted_per_round) == (9, 0.75, [2, 1, 2, 0])
+    assert back.chosen_k == [2, 2, 2, 2]

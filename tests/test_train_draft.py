@@ -1,5 +1,5 @@
 """The training app (experiments.train_draft) on the tiny random pair: it trains, writes the head where `draft=head`
-finds it, resumes after an interruption, and reads ShareGPT's cut-off file up to its last whole record."""
+finds it, and resumes after an interruption."""
 
 import json
 import math
@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 from experiments.run.heads import with_target
 from experiments.run.settings import ConfigError, validate
 from experiments.train_draft import app, store
-from experiments.train_draft.data import whole_records
 from specdec.draft import head_store
 from specdec.train import loop
 
@@ -81,12 +80,6 @@ def test_training_interrupted_resumes_and_the_pair_finds_the_head(tmp_path, monk
         validate(make_cfg("model=tiny_random", "draft@model.draft=head", "model.draft.checkpoint=no-such-head"))
 
 
-def test_sharegpt_reading_stops_at_the_last_whole_record():
-    text = '[\n {"id": "a", "conversations": []},\n {"id": "b", "conversations": [{"from": "human", "va'
-    assert [r["id"] for r in whole_records(text)] == ["a"]
-    assert [r["id"] for r in whole_records('[{"id": "a"}, {"id": "b"}]')] == ["a", "b"]
-
-
 def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10, passes=10):
     by_category = {"chat": {"median": tps}, "code": {"median": tps}}
     stats = {"emitted": emitted, "target_forwards": passes, "draft_forwards": forwards,
@@ -98,7 +91,8 @@ def contender(drafts, k, tps, overrides=(), draft_s=0.0, forwards=0, emitted=10,
 def test_head_keys_of_the_bench():
     """head_vs_best_copy over the best copy (a switch over a copy, lookup and the head is none), head_c from drafting seconds per draft token over a target step, and
     tokens per pass of the best fixed-k chain (a tree is not a chain)."""
-    from experiments.bench.ratios import Figures, head_ratios
+    from experiments.bench.ratios import head_ratios
+    from specdec.comparison import ContenderFigures
 
     contenders = {
         "ar": contender(None, 4, 10.0),
@@ -110,14 +104,15 @@ def test_head_keys_of_the_bench():
         "head_tree": contender("head", 4, 14.0, overrides=["model=gemma3_head", "tree=head"], draft_s=0.9, forwards=100, emitted=40,
                                passes=10),
     }
-    keys = head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}})
+    keys = head_ratios(ContenderFigures(contenders), {"costs": {"target_step_ms": 60.0}})
     assert keys["head_vs_best_copy"] == pytest.approx(14.0 / 11.0)
     assert keys["head_c"] == pytest.approx(0.6 / 100 / 0.060)  # of the chain
     assert keys["head_tokens_per_pass"] == pytest.approx(30 / 12)  # the best fixed-k chain
     assert keys["gemma3_head_vs_target_only"] == pytest.approx(1.4)
-    assert head_ratios(Figures({"ar": contenders["ar"]}), {}) == {}
+    assert head_ratios(ContenderFigures({"ar": contenders["ar"]}), {}) == {}
     del contenders["copy"]
-    assert math.isnan(head_ratios(Figures(contenders), {"costs": {"target_step_ms": 60.0}})["head_vs_best_copy"])
+    keys = head_ratios(ContenderFigures(contenders), {"costs": {"target_step_ms": 60.0}})
+    assert math.isnan(keys["head_vs_best_copy"])
     from experiments.bench.goals import goal_entries
 
     goals = goal_entries({"head_c": 0.08, "head_tokens_per_pass": 2.0})

@@ -30,6 +30,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specdec.comparison import contender_figures, pairwise
+from specdec.runtime.machine import cpu_flags
 from specdec.runtime.models import encode_prompt
 from specdec.runtime.study import ClockedRun, ForwardClock, interleaved_runs, pass_costs
 
@@ -40,7 +42,7 @@ from ..run.settings import CONF_DIR
 from .contenders import DEFAULT, Contender, Failures, check_bench, contenders_of
 from .goals import ISSUE_9, annotate_goals, goal_entries, mark_not_measured
 from .processes import load_run_of, memory_of, run_load_of, run_memory_of
-from .ratios import contender_figures, output_check, pairwise, ratios
+from .ratios import output_check, ratios
 from .studies import run_batching, run_runtime, run_scaling
 from .table import bench_table
 
@@ -89,8 +91,7 @@ def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict
     result["costs"] = pass_costs(default.pair.target, default.pair.draft_model, ids[prompts[0].id], k, pass_widths)
     result["ratios"], result["best_configuration"] = ratios(result)
     result["pairwise"] = pairwise(result["contenders"], pairs or {})
-    flags = machine(plan.device)["cpu"]["flags"]
-    present = [f for f, on in flags.items() if on] if isinstance(flags, dict) else []
+    present = cpu_flags(machine(plan.device))
     result["goals"] = goal_entries(result["ratios"], present, s.greedy)
     mark_not_measured(result["goals"], failures.failed, present, s.greedy, ISSUE_9)
     annotate_goals(result["goals"], result["best"], k, result["contenders"])

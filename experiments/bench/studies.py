@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
 from specdec.prompts import Prompt
-from specdec.runtime.machine import peak_memory
+from specdec.runtime.machine import cpu_flags, peak_memory
 from specdec.runtime.study import Loop, RuntimeProfile, batch_study, runtime_study, scaling_study
 
 from ..records import machine, write_result
@@ -58,7 +58,7 @@ def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictCo
     result["batched_vs_target_only"] = speculative
     result["goals"] = goal_entries({"batched_min_vs_target_only": min(speculative.values()),
                                     "batched_b4_vs_target_only": speculative.get("4", float("nan"))},
-                                   [f for f, on in env["cpu"]["flags"].items() if on], first.plan.greedy)  # fmt: skip
+                                   cpu_flags(env), first.plan.greedy)  # fmt: skip
     result.update(settings={"model": cfg.model.name, "dataset": cfg.dataset.name, "max_new_tokens": cfg.max_new_tokens,
                             "baseline": b.batching.baseline, "speculative": b.batching.speculative,
                             "repetitions": b.repetitions,

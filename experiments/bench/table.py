@@ -1,21 +1,15 @@
 """The benchmark's result -> bench.md: goals, ratios, contenders, chain vs tree, pass cost, cost model, machine; and
 the tables of the scaling, batch and runtime studies.
 
-Each section is a function of the result giving its lines; `table` writes one markdown table under a sentence."""
+Each section is a function of the result giving its lines (specdec.markdown.section: a sentence, a table)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from specdec.markdown import cell, markdown_table
+from specdec.markdown import cell, document, section
 from specdec.runtime.machine import machine_sentence
+from specdec.runtime.study import plain_step_share
 
 from .goals import AT_MOST, ISSUE_9, NOT_MEASURED
-
-
-def table(title: str | None, columns: Sequence[str], rows: list, fmt: str = "{:.3f}") -> list[str]:
-    """A section's lines: a blank line, the sentence (if any) and a blank line, the markdown table."""
-    return ["", *([title, ""] if title else []), markdown_table(columns, rows, fmt=fmt)]
 
 
 def bench_table(result: dict) -> str:
@@ -24,22 +18,18 @@ def bench_table(result: dict) -> str:
     and the costs."""
     sections = (head_section, failed_section, goals_section, vs_target_only_section, contenders_section, trees_section,
                 pass_cost_section, cost_model_section, load_section, ratios_section, check_section, costs_section)
-    return document([line for section in sections for line in section(result)])
-
-
-def document(lines: list[str]) -> str:
-    """The lines of a markdown file, without the first section's leading blank line."""
-    return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"
+    return document([line for part in sections for line in part(result)])
 
 
 def head_section(result: dict) -> list[str]:
     s = result["settings"]
     lines = [(f"model={s.get('model')}, k={s['k']}, k_max={s.get('k_max')}, temperature={s['temperature']}, "
               f"max_new_tokens={s['max_new_tokens']}, repetitions={s['repetitions']}, prompts={len(s['prompts'])}")]
-    lines += table(f"The default run drafts with {s.get('draft')}. Each contender is `python -m experiments.run` "
-                   "with the bench's command line and these overrides:", ["contender", "method", "overrides"],
-                   [[name, f["method"], " ".join(f["overrides"]) or "(the default run)"]
-                    for name, f in result["contenders"].items()])  # fmt: skip
+    lines += section(f"The default run drafts with {s.get('draft')}. Each contender is "
+                     "`python -m experiments.run` with the bench's command line and these overrides:",
+                     ["contender", "method", "overrides"],
+                     [[name, f["method"], " ".join(f["overrides"]) or "(the default run)"]
+                      for name, f in result["contenders"].items()])  # fmt: skip
     if "calibration" in result:
         lines += ["", f"Draft calibration chose {result['calibration']['chosen']}: {result['calibration']['reason']}"]
     if "machine" in result:
@@ -53,7 +43,7 @@ def goals_section(result: dict) -> list[str]:
              g.get("contender") or "",
              g.get("against") if isinstance(g.get("against"), str) else " / ".join(g.get("against") or [])]
             for key, g in goals.items() if key in ISSUE_9]  # fmt: skip
-    lines = table(None, ["goal", "value", "target", "met", "ours", "against"], rows)
+    lines = section(None, ["goal", "value", "target", "met", "ours", "against"], rows)
     lookup = goals.get("vs_hf_prompt_lookup", {})
     if lookup.get("hf_best_fixed_k") is not None:
         lines += ["", f"Hugging Face prompt lookup's best fixed k: {lookup['hf_best_fixed_k']} "
@@ -72,8 +62,9 @@ def vs_target_only_section(result: dict) -> list[str]:
     categories = categories_of(result)
     rows = [[name, *(v["by_category"][cat] for cat in categories), v["geomean"], v["min_category"]]
             for name, v in result["vs_target_only"].items()]  # fmt: skip
-    return table("Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean and worst:",
-                 ["contender", *categories, "geomean", "worst"], rows, "{:.2f}")
+    return section("Tokens/s over target-only (`ar`), per category (median over repetitions), geometric mean "
+                   "and worst:",
+                   ["contender", *categories, "geomean", "worst"], rows, "{:.2f}")
 
 
 def contenders_section(result: dict) -> list[str]:
@@ -90,7 +81,8 @@ def contenders_section(result: dict) -> list[str]:
     categories = categories_of(result)
     by_category = [[name, *(f["by_category"][c]["median"] for c in categories)]
                    for name, f in result["contenders"].items()]  # fmt: skip
-    return table(None, columns, rows, "{:.1f}") + table(None, ["contender (tok/s)", *categories], by_category, "{:.1f}")
+    return (section(None, columns, rows, "{:.1f}")
+            + section(None, ["contender (tok/s)", *categories], by_category, "{:.1f}"))
 
 
 def trees_section(result: dict) -> list[str]:
@@ -99,7 +91,7 @@ def trees_section(result: dict) -> list[str]:
              e[shape]["tokens_per_second"], cell(e[shape]["verify_ms_per_pass"], "{:.1f}")]
             for d, e in trees.items() for shape in ("chain", "tree")]  # fmt: skip
     columns = ["drafter", "pass width", "shape", "contender", "tokens per pass", "tok/s", "verify ms per pass"]
-    return table("Chain vs tree at the same pass width:", columns, rows, "{:.2f}") if trees else []
+    return section("Chain vs tree at the same pass width:", columns, rows, "{:.2f}") if trees else []
 
 
 def pass_cost_section(result: dict) -> list[str]:
@@ -107,25 +99,16 @@ def pass_cost_section(result: dict) -> list[str]:
     if "pass_ms_by_width" not in c:
         return []
     rows = [["ms", *c["pass_ms_by_width"].values()], ["/ one step", *c["pass_cost_by_width"].values()]]
-    return table(f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token context:",
-                 ["width", *map(str, c["pass_ms_by_width"])], rows, "{:.2f}")
+    return section(f"Target pass cost vs width (tokens in the pass) at a {c['context_tokens']}-token "
+                   "context:", ["width", *map(str, c["pass_ms_by_width"])], rows, "{:.2f}")
 
 
 def cost_model_section(result: dict) -> list[str]:
     rows = [[name, v["predicted_tokens_per_second"], v["measured_tokens_per_second"], v["measured_over_predicted"],
              str(v["chosen_k_histogram"])] for name, v in (result.get("cost_model") or {}).items()]  # fmt: skip
     columns = ["contender", "predicted tok/s", "measured tok/s", "measured / predicted", "chosen k histogram"]
-    return table('k="auto": the cost model\'s prediction over the rounds it predicted vs what they measured:',
-                 columns, rows, "{:.2f}") if rows else []
-
-
-def load_plain_share(run: dict) -> float | None:
-    """Share of a load run's rounds that drafted nothing (None for target-only)."""
-    rounds = [p["rounds"] for p in run["prompts"]]
-    shares = [p["plain_step_share"] for p in run["prompts"]]
-    if not any(rounds) or any(s is None for s in shares):
-        return None
-    return sum(s * n for s, n in zip(shares, rounds)) / sum(rounds)
+    return section('k="auto": the cost model\'s prediction over the rounds it predicted vs what they '
+                   "measured:", columns, rows, "{:.2f}") if rows else []
 
 
 def load_section(result: dict) -> list[str]:
@@ -133,11 +116,11 @@ def load_section(result: dict) -> list[str]:
     if not load:
         return []
     rows = [[name, r["tokens"], r["seconds"], r["tokens_per_second"], r["generation_started_s"], r["load_stopped_s"],
-             load_plain_share(r)] for name, r in load["runs"].items()]  # fmt: skip
+             plain_step_share(r)] for name, r in load["runs"].items()]  # fmt: skip
     columns = ["contender", "tokens", "seconds", "tokens/s", "generation started (s)", "load stopped (s)", "plain steps"]
-    return table(f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, threads="
-                 f"auto and calibration included) until {load['seconds']} s into its generation; one fresh "
-                 "process per contender, every prompt once:", columns, rows)  # fmt: skip
+    return section(f"Load scenario: {load['processes']} busy loop(s) from each process's start (loading, "
+                   f"threads=auto and calibration included) until {load['seconds']} s into its generation; "
+                   "one fresh process per contender, every prompt once:", columns, rows)  # fmt: skip
 
 
 def goal_target(goal: dict | None, key: str) -> str:
@@ -149,12 +132,13 @@ def goal_target(goal: dict | None, key: str) -> str:
 
 def ratios_section(result: dict) -> list[str]:
     goals, pairwise = result.get("goals", {}), result.get("pairwise")
-    lines = table("Pairwise (median tokens/s, ours over theirs):", ["ratio", "value"],
-                  [[k, v] for k, v in pairwise.items()]) if pairwise else []  # fmt: skip
+    lines = section("Pairwise (median tokens/s, ours over theirs):", ["ratio", "value"],
+                    [[k, v] for k, v in pairwise.items()]) if pairwise else []  # fmt: skip
     rows = [[key, value, goal_target(goals.get(key), key), {None: "", True: "yes", False: "no"}[goals.get(key, {}).get("met")]]
             for key, value in result["ratios"].items()]  # fmt: skip
-    return lines + table(f"Best configuration of ours (geometric mean over categories): {result.get('best_configuration')}",
-                         ["ratio", "value", "target", "met"], rows)  # fmt: skip
+    return lines + section("Best configuration of ours (geometric mean over categories): "
+                           f"{result.get('best_configuration')}",
+                           ["ratio", "value", "target", "met"], rows)  # fmt: skip
 
 
 def check_section(result: dict) -> list[str]:
@@ -178,8 +162,9 @@ def failed_section(result: dict) -> list[str]:
     """bench.md's list of failed contenders: stage and error line."""
     failed = result.get("failed") or {}
     rows = [[name, f["stage"], f["error"].replace("|", "\\|")[:300]] for name, f in failed.items()]
-    return table(f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them are "
-                 f"{NOT_MEASURED}.", ["contender", "stage", "error"], rows) if failed else []  # fmt: skip
+    title = (f"Failed contenders ({len(failed)}): their figures are missing and the goals that needed them "
+             f"are {NOT_MEASURED}.")
+    return section(title, ["contender", "stage", "error"], rows) if failed else []
 
 
 def batch_table(result: dict) -> str:
@@ -189,18 +174,19 @@ def batch_table(result: dict) -> str:
     rows = [[name, s, c[name][str(s)]["latency_s"], c[name][str(s)]["peak_rss_mb"], c[name][str(s)]["tokens_per_row_pass"],
              c[name][str(s)]["chosen_k_mean"], result["agreement"][name][str(s)]] for name in c for s in sizes]  # fmt: skip
     return document(
-        table("### tokens/s (all rows) by batch size", by_size,
-              [[name, *[c[name][str(s)]["tokens_per_second"] for s in sizes]] for name in c], "{:.1f}")
-        + table("### ratio to target-only at the same batch size", by_size,
-                [[name, *[r[str(s)] for s in sizes]] for name, r in result["ratios"].items()], "{:.2f}")
-        + table("### mean row latency (s), peak RSS (MB), tokens per row-pass, mean chosen k",
-                ["contender", "B", "latency_s", "peak_rss_mb", "tokens/row-pass", "k mean", "agreement"], rows, "{:.2f}"))
+        section("### tokens/s (all rows) by batch size", by_size,
+                [[name, *[c[name][str(s)]["tokens_per_second"] for s in sizes]] for name in c], "{:.1f}")
+        + section("### ratio to target-only at the same batch size", by_size,
+                  [[name, *[r[str(s)] for s in sizes]] for name, r in result["ratios"].items()], "{:.2f}")
+        + section("### mean row latency (s), peak RSS (MB), tokens per row-pass, mean chosen k",
+                  ["contender", "B", "latency_s", "peak_rss_mb", "tokens/row-pass", "k mean", "agreement"],
+                  rows, "{:.2f}"))
 
 
 def scaling_table(result: dict) -> str:
     return document([line for key in ("by_max_new_tokens", "by_prompt_length")
-                     for line in table(f"### {key}", list(result[key][0]),
-                                       [list(r.values()) for r in result[key]], "{:.1f}")])  # fmt: skip
+                     for line in section(f"### {key}", list(result[key][0]),
+                                         [list(r.values()) for r in result[key]], "{:.1f}")])  # fmt: skip
 
 
 def runtime_table(result: dict) -> str:
@@ -218,6 +204,7 @@ def runtime_table(result: dict) -> str:
     goals = [f"- goal {k}: {g['direction'].replace('_', ' ')} {g['target']}, "
              f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'}"
              for k, g in result["goals"].items()]
-    return document(table(f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
-                          f"Hugging Face plain generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of "
-                          "a w-token pass over the step's.", header, rows, "{:.2f}") + ["", *keys, *goals])
+    title = (f"Memory bound: {result['memory_bound_ms']:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
+             f"Hugging Face plain generate {result['hf_plain_tokens_per_s']:.1f} tok/s. Pass cost: ms of a "
+             "w-token pass over the step's.")
+    return document(section(title, header, rows, "{:.2f}") + ["", *keys, *goals])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +23,9 @@ from specdec.runtime.compiled import CompiledForward
 from specdec.runtime.machine import machine_sentence
 from specdec.runtime.probes import ThreadChoice
 
-from ..records import strict_json, write_json
+from ..records import strict_json, write_result
 from .settings import BASELINE
 
-STATS = {field.name for field in fields(Stats)} - {"seconds", "extras"}  # a row holds these by name
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
     "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
     "speedup": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
@@ -78,10 +77,8 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def stats_of(rows: pd.DataFrame) -> list[Stats]:
-    """The rows' statistics back as the library's Stats (counters, per-round lists, phase seconds)."""
-    return [Stats(**{name: row[name] for name in STATS if name in row},
-                  seconds={key[8:]: v for key, v in row.items() if key.startswith("seconds_") and not pd.isna(v)})
-            for row in rows.to_dict("records")]  # fmt: skip
+    """The rows' statistics back as the library's Stats (Stats.from_row)."""
+    return [Stats.from_row(row) for row in rows.to_dict("records")]
 
 
 def run_metrics(table: pd.DataFrame, rows: pd.DataFrame, k: int | None, longest: int) -> tuple[dict, dict]:
@@ -199,22 +196,16 @@ def write_summary(run_dir: Path, keys: dict, table: pd.DataFrame, metrics: dict,
     return text
 
 
-def write_record(run_dir: Path, name: str, markdown: str, record: dict) -> None:
-    """<name>.md and <name>.json, which write_summary joins to summary.md and summary.json."""
-    (run_dir / f"{name}.md").write_text(markdown)
-    write_json(run_dir / f"{name}.json", record)
-
-
 def write_choices(run_dir: Path, threads: ThreadChoice | None, calibration: Calibration | None) -> None:
     """threads.md / .json when threads=auto chose the thread count; calibration.md / .json when the pair's draft was
     calibrated."""
     if threads is not None:
-        write_record(run_dir, "threads", threads.markdown(), asdict(threads))
+        write_result(run_dir, "threads", asdict(threads), threads.markdown())
     if calibration is not None:
-        write_record(run_dir, "calibration", calibration.markdown(), calibration.to_json())
+        write_result(run_dir, "calibration", calibration.to_json(), calibration.markdown())
 
 
 def write_runtime(run_dir: Path, runtimes: dict[str, CompiledForward]) -> None:
     """runtime.md / .json when models ran on the compiled runtime (after the run: graphs compile at first use)."""
     if runtimes:
-        write_record(run_dir, "runtime", runtimes_markdown(runtimes), runtimes_json(runtimes))
+        write_result(run_dir, "runtime", runtimes_json(runtimes), runtimes_markdown(runtimes))

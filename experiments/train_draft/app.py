@@ -26,12 +26,12 @@ from specdec.draft import head_store
 from specdec.draft.head import DraftHead, frequency_ranked, save_head
 from specdec.markdown import markdown_table
 from specdec.runtime.models import load_model, load_tokenizer
+from specdec.train.conversations import conversations
 from specdec.train.data import teacher_data, token_rows
 from specdec.train.loop import TrainSettings, train
 
-from ..records import machine, write_json
+from ..records import REPO_ROOT, machine, write_json
 from ..run.logger import make_logger
-from .data import conversations
 from .store import head_folder, teacher_file
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,8 @@ def run(cfg: DictConfig, run_dir: Path) -> Path:
     d = cfg.data
 
     def rows():
-        texts = token_rows(conversations(d.source), load_tokenizer(cfg.model.target.name), d.conversations,
-                           d.max_tokens, target, d.answer_tokens if d.self_distill else 0)
+        texts = token_rows(conversations(d.source, REPO_ROOT), load_tokenizer(cfg.model.target.name),
+                           d.conversations, d.max_tokens, target, d.answer_tokens if d.self_distill else 0)
         return tqdm(texts, total=d.conversations, desc="teacher passes", unit="conv")
 
     teacher, record = teacher_data(teacher_file(cfg), target, rows, d.chunk, d.top_k)

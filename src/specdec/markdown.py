@@ -1,5 +1,5 @@
-"""GitHub markdown tables: how the library's records (a calibration, a thread choice, a compiled runtime) and the
-apps' tables print."""
+"""GitHub markdown tables: how the library's records (a calibration, a thread choice, a compiled runtime) and
+the apps' tables print, and documents made of sections, each a sentence and a table."""
 
 from __future__ import annotations
 
@@ -21,3 +21,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], fmt:
         "| " + " | ".join(v if isinstance(v, str) else cell(v, fmt) for v in row) + " |" for row in rows
     ]
     return "\n".join(lines)
+
+
+def section(
+    title: str | None, header: Sequence[str], rows: Sequence[Sequence[object]], fmt: str = "{:.3f}"
+) -> list[str]:
+    """A document's lines for one table: a blank line, the sentence above it (if any) and a blank line, the
+    table (markdown_table)."""
+    return ["", *([title, ""] if title else []), markdown_table(header, rows, fmt=fmt)]
+
+
+def document(lines: list[str]) -> str:
+    """Sections' lines as one markdown file, without the first section's leading blank line."""
+    return "\n".join(lines[1:] if lines[:1] == [""] else lines) + "\n"

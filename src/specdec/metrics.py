@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -136,6 +136,15 @@ class Stats:
         """Generated tokens (prompt excluded) per second of the whole call, prefill included."""
         total = self.seconds.get("total", 0.0)
         return self.emitted / total if total else float("nan")
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, object]) -> Stats:
+        """The statistics back from a flat row: summary()'s counters and seconds_<phase> (a phase whose
+        seconds are None or NaN left out) and the per-round lists by name (a results row of the run)."""
+        names = {f.name for f in fields(cls)} - {"seconds", "extras"}
+        seconds = {key.removeprefix("seconds_"): v for key, v in row.items()
+                   if key.startswith("seconds_") and v is not None and not math.isnan(v)}  # fmt: skip
+        return cls(**{name: row[name] for name in names if name in row}, seconds=seconds)
 
     def summary(self) -> dict[str, float]:
         """Flat scalar view for tables and loggers."""

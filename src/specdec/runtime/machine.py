@@ -117,10 +117,16 @@ def load_average() -> list[float] | None:
         return None
 
 
+def cpu_flags(info: dict[str, object]) -> list[str]:
+    """The kernel-deciding CPU flags the machine has ([] where they are unknown)."""
+    flags = info["cpu"]["flags"]
+    return [f for f, on in flags.items() if on] if isinstance(flags, dict) else []
+
+
 def flags_present(info: dict[str, object]) -> str:
     """The kernel-deciding CPU flags the machine has, comma-separated (or why they are unknown)."""
     flags = info["cpu"]["flags"]
-    present = ", ".join(f for f, on in flags.items() if on) if isinstance(flags, dict) else flags
+    present = ", ".join(cpu_flags(info)) if isinstance(flags, dict) else flags
     return present or "none of " + ", ".join(CPU_FLAGS)
 
 

@@ -2,9 +2,10 @@
 memory bound), eager and compiled (the runtime study); the clock inside each model's forward during a whole
 generation; and the benchmark's loops: generation loops clocked in an interleaved order and their throughput, time
 per token against output and prompt length (the scaling study), throughput against batch size (the batch study),
-and each input generated once (a load run). The measurements behind `python -m experiments.bench`; the interleaved
-timings go through specdec.runtime.timing's one loop. A loop is a callable the caller builds (any method, ours or
-Hugging Face's): this module measures, the caller decides what runs.
+and each input generated once (a load run, and its share of plain steps). The measurements behind
+`python -m experiments.bench`; the interleaved timings go through specdec.runtime.timing's one loop. A loop is
+a callable the caller builds (any method, ours or Hugging Face's): this module measures, the caller decides what
+runs.
 
 The runtime study, for each runtime profile on the target, in one process, so that every ratio compares timings of
 one machine and load:
@@ -535,3 +536,12 @@ def generations(generate: Callable[[torch.Tensor], object], inputs: Mapping[str,
         })  # fmt: skip
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "prompts": rows}
+
+
+def plain_step_share(run: dict) -> float | None:
+    """Share of the rounds of a `generations` result that drafted nothing (None for target-only)."""
+    rounds = [p["rounds"] for p in run["prompts"]]
+    shares = [p["plain_step_share"] for p in run["prompts"]]
+    if not any(rounds) or any(s is None for s in shares):
+        return None
+    return sum(s * n for s, n in zip(shares, rounds)) / sum(rounds)

