@@ -137,3 +137,27 @@ def test_attention_reads_a_window_of_the_cache(monkeypatch):
     for ours, reference in zip(compiled, eager):
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)
+
+
+def test_a_cache_grown_past_its_capacity_keeps_its_graphs(monkeypatch):
+    """A sequence that outgrows the preallocated cache (a long prompt, a long answer) gets a larger buffer and the
+    same graphs: the buffer's length is a dynamic dimension, so nothing compiles inside the generation, and the
+    logits stay the eager ones."""
+    from specdec.runtime.compiled import WINDOW
+
+    model = tiny_model("llama", seed=8)
+    tokens = torch.randint(0, 32, (1, 3 * WINDOW + 6), generator=torch.Generator().manual_seed(9))
+    steps = [(0, 10), *((start, start + 4) for start in range(10, tokens.shape[1], 4))]
+    with torch.no_grad():
+        lm = CachedLM(model)
+        eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
+        compile_model(model, widths=(1, 4), capacity=WINDOW)
+        lm = CachedLM(model)
+        compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:2]]  # compiles the 4-wide graph
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
+        compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[2:]]
+        capacity = lm.cache.layers[0].capacity
+    assert capacity >= 3 * WINDOW  # grown twice
+    for ours, reference in zip(compiled, eager):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+    eager_model(model)
