@@ -173,3 +173,16 @@ def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
     assert "cross_vocab_vs_hf_uag" not in keys
     same_vocabulary = other_ratios(f, {"settings": {**settings, "draft": "ModelDrafter(model=load_model(...))"}})
     assert "cross_vocab_vs_target_only" not in same_vocabulary
+
+
+def test_long_context_vs_short_is_the_decoding_rate_at_2048_over_64():
+    """bench=context: the target's step after 2048 prompt tokens against after 64 (the prefill left out), held to its
+    goal; not reported where either depth is missing."""
+    from experiments.bench.studies import context_ratios
+
+    rows = [{"prompt_tokens": 64, "target_step_ms_at_end": 20.0, "ar_ms_per_token": 30.0},
+            {"prompt_tokens": 2048, "target_step_ms_at_end": 25.0, "ar_ms_per_token": 300.0}]
+    ratios = context_ratios(rows)
+    assert ratios == {"long_context_vs_short": 0.8}
+    assert goal_entries(ratios)["long_context_vs_short"]["met"] is True
+    assert context_ratios(rows[:1]) == {}

@@ -41,8 +41,21 @@ def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command
     result = scaling_study(runs, first.pair.target, prompt, list(scaling.lengths), list(scaling.prompt_lengths),
                            cfg.seed, print)
     result.update(machine=machine(first.plan.device), command=command)
+    result["goals"] = goal_entries(context_ratios(result["by_prompt_length"]), cpu_flags(result["machine"]))
     write_result(out, "scaling", result, scaling_table(result))
     return result
+
+
+LONG_CONTEXT, SHORT_CONTEXT = 2048, 64  # long_context_vs_short: tokens/s after this many prompt tokens over that many
+
+
+def context_ratios(by_prompt_length: list[dict]) -> dict[str, float]:
+    """long_context_vs_short: the target's decoding rate (one step, the prompt's prefill left out, as llama-bench's
+    depth runs measure it) after LONG_CONTEXT tokens over after SHORT_CONTEXT, where both were measured."""
+    ms = {row["prompt_tokens"]: row.get("target_step_ms_at_end") for row in by_prompt_length}
+    if ms.get(LONG_CONTEXT) and ms.get(SHORT_CONTEXT):
+        return {"long_context_vs_short": ms[SHORT_CONTEXT] / ms[LONG_CONTEXT]}
+    return {}
 
 
 def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:

@@ -184,9 +184,11 @@ def batch_table(result: dict) -> str:
 
 
 def scaling_table(result: dict) -> str:
+    goals = [[key, cell(g["value"]), g["target"], g["met"]] for key, g in result.get("goals", {}).items()]
     return document([line for key in ("by_max_new_tokens", "by_prompt_length")
                      for line in section(f"### {key}", list(result[key][0]),
-                                         [list(r.values()) for r in result[key]], "{:.1f}")])  # fmt: skip
+                                         [list(r.values()) for r in result[key]], "{:.1f}")]
+                    + (section("### goals", ["goal", "value", "target", "met"], goals) if goals else []))  # fmt: skip
 
 
 def runtime_table(result: dict) -> str:
