@@ -10,7 +10,8 @@ GEMM template with frozen weights does. Three things make the forward compilable
   on a CPU, one graph takes every width up to the widest bucket as it is (the width an unbacked size);
 - the mask (from specdec.runtime.cached) covers a window of the buffer: the slots in use rounded up to a multiple
   of WINDOW (on a CPU; elsewhere the whole buffer), a dimension every graph takes as dynamic, so no graph depends on
-  the cache's length, and attention reads only the window (specdec.runtime.attention).
+  the cache's length, and attention reads only the window (specdec.runtime.attention); there the buffer's length is
+  dynamic too, so a cache that outgrows its capacity (a long prompt) keeps its graphs.
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
