@@ -220,3 +220,17 @@ def test_batched_run_groups_prompts_and_reports_throughput(tmp_path: Path, make_
     table = pd.read_csv(tmp_path / "summary.csv", index_col=0)
     assert table.loc["autoregressive", "tokens_per_second"] == pytest.approx(throughput)
     assert (base["seconds_total"] <= base["batch_seconds"] + 1e-6).all()  # a row's latency is within its batch
+
+
+def test_the_summary_says_where_greedy_outputs_part_and_why():
+    """A greedy speculative output that left target-only's (a target that is not batch-invariant: bf16, quantized):
+    one sentence with the first token where they part, the prompt, and that it is rounding; none when identical."""
+    from experiments.run.summary import rounding_sentence
+
+    rows = pd.DataFrame({"method": ["autoregressive", "speculative", "speculative", "naive"],
+                         "prompt_id": ["a", "a", "b", "a"], "parted_at": [None, 17.0, 5.0, 0.0],
+                         "dtype": "bfloat16", "target_quantization": "none"})  # fmt: skip
+    sentence = rounding_sentence(rows, greedy=True)
+    assert "on 2 of 2 outputs, first at token 5 of prompt b" in sentence and "rounding" in sentence
+    assert rounding_sentence(rows.assign(parted_at=None), greedy=True) == ""
+    assert rounding_sentence(rows, greedy=False) == ""

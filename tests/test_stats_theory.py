@@ -171,7 +171,8 @@ def test_an_outputs_quality_is_scored_by_the_target(pair):
     scored = output_quality(target, ids, tokens, reference=torch.tensor([4, 5, 6, 5, 4, 5]))
     assert scored["nll"] == pytest.approx(negative_log_likelihood(target, ids, tokens))
     assert scored["agreement"] == pytest.approx(2 / 6) and scored["distinct_2"] == pytest.approx(2 / 5)
-    assert scored["repetition_4"] == pytest.approx(1 / 3)
+    assert scored["repetition_4"] == pytest.approx(1 / 3) and scored["parted_at"] == 2
+    assert output_quality(target, ids, tokens, reference=tokens)["parted_at"] is None  # identical
     assert output_quality(target, ids, tokens)["agreement"] is None  # no reference (sampling)
 
 

@@ -39,7 +39,15 @@ from .methods import Setup, setup_of
 from .pair import Pairs
 from .prompts import Prompt, load_prompts
 from .settings import Plan, plan_of
-from .summary import method_table, naive_sentence, run_metrics, write_choices, write_runtime, write_summary
+from .summary import (
+    method_table,
+    naive_sentence,
+    rounding_sentence,
+    run_metrics,
+    write_choices,
+    write_runtime,
+    write_summary,
+)
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
@@ -146,7 +154,8 @@ def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logg
     k, longest = plan.chain_k, plan.longest
     metrics, histograms = run_metrics(table, rows, k, longest)
     text = write_summary(
-        run_dir, keys, table, metrics, histograms, naive_sentence(table, plan.greedy), rows["prompt_id"].nunique()
+        run_dir, keys, table, metrics, histograms,
+        naive_sentence(table, plan.greedy) + rounding_sentence(rows, plan.greedy), rows["prompt_id"].nunique(),
     )  # fmt: skip
     figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
     scalar_rows = rows.drop(columns=list(LIST_FIELDS))

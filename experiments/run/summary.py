@@ -123,6 +123,22 @@ def naive_sentence(table: pd.DataFrame, greedy: bool) -> str:
     return sentence + "."
 
 
+def rounding_sentence(rows: pd.DataFrame, greedy: bool) -> str:
+    """Where greedy speculative output parted from target-only's (the first token, over the prompts), and why: the
+    target's logits at a position differ in their last bits between a one-token step and a wider pass (kernels that
+    are not batch-invariant: bf16, a quantized target), so a near-tie can flip. Empty when every output is identical."""
+    ours = rows[~rows["method"].isin([BASELINE, "naive"])] if greedy and "parted_at" in rows else rows.iloc[:0]
+    parted = ours[ours["parted_at"].notna()]
+    if parted.empty:
+        return ""
+    first = parted.loc[parted["parted_at"].idxmin()]
+    return (f" Greedy {first['method']} output parted from target-only's on {len(parted)} of {len(ours)} outputs, "
+            f"first at token {int(first['parted_at'])} of prompt {first['prompt_id']}: the target "
+            f"({first['dtype']}, quantization {first['target_quantization']}) rounds a position's logits differently "
+            f"in a one-token step and in a pass of several tokens, so a near-tie can flip. That is rounding, not the "
+            f"acceptance rule, which keeps the distribution the verification pass computes.")
+
+
 def method_markdown(table: pd.DataFrame) -> str:
     """The method table as a GitHub markdown table (NaN printed as a dash)."""
     columns = [c for c in TABLE_COLUMNS if c in table.columns and table[c].notna().any()]

@@ -81,11 +81,13 @@ def repetition_rate(tokens: list[int], n: int = 4) -> float:
 def output_quality(target: PreTrainedModel, prompt_ids: torch.Tensor, tokens: torch.Tensor,
                    reference: torch.Tensor | None = None) -> dict[str, float | None]:
     """An output's quality: the target's NLL per token, agreement with the target's greedy output (reference; None
-    without one), and diversity. prompt_ids (1, L), tokens and reference (n,)."""
+    without one) and the index of the first token where the two part (None: identical, or no reference), and
+    diversity. prompt_ids (1, L), tokens and reference (n,)."""
     as_list = tokens.tolist()
     return {
         "nll": negative_log_likelihood(target, prompt_ids, tokens),
         "agreement": None if reference is None else agreement(tokens, reference),
+        "parted_at": None if reference is None else first_difference(as_list, reference.tolist()),
         "distinct_2": distinct_n(as_list, 2),
         "repetition_4": repetition_rate(as_list, 4),
     }
