@@ -27,7 +27,7 @@ import torch
 from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
 GREEDY_TOKENS = 30  # new tokens of the greedy equality checks (arch_case)
-HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
+HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result", "trained_tiny"}  # tests sharing one of these run on the same xdist worker
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -135,10 +135,11 @@ EXPECTATION_CASES = {  # (shape, sampling): every drafted tree enumerated (at mo
 }
 
 
-# make test: every shape at both noises but the hybrid tree at noise 0.5 (its 768 trees, seconds per noise)
+# make test: every shape but the hybrid tree (its 768 trees take seconds per noise), whose rounds pass chi-square in
+# the loop below; the mixed-mode shape distinct-2/iid-1/top-1 stays
 @pytest.mark.parametrize("shape, sampling, noise", [
     pytest.param(shape, sampling, noise, id=f"{name}-{noise}",
-                 marks=pytest.mark.exhaustive if (name, noise) == ("hybrid/hybrid-T1", 0.5) else ())
+                 marks=pytest.mark.exhaustive if name == "hybrid/hybrid-T1" else ())
     for name, (shape, sampling) in EXPECTATION_CASES.items() for noise in (0.5, 2.0)])  # fmt: skip
 def test_accepts_at_least_as_many_tokens_as_token_level_over_the_drafting(shape, sampling, noise):
     """Expected accepted tokens of one round, every drafted tree and every accept/reject enumerated, both rules

@@ -58,9 +58,10 @@ def model_tree(children, branches=(3,), hybrid=None):
 
 AUTO_EXACT_CASES = [
     pytest.param(model_tree("iid", (3, 2)), Sampling(1.0), id="iid-T1"),
-    pytest.param(model_tree("distinct", (3, 2)), Sampling(1.0), id="distinct-T1"),
+    pytest.param(model_tree("distinct", (3, 2)), Sampling(1.0), id="distinct-T1",
+                 marks=pytest.mark.exhaustive),  # make test: distinct children in hybrid-T1.5-topp and test_shared_cache.py
     pytest.param(model_tree("distinct"), Sampling(0.5, top_k=3), id="distinct-T0.5-topk",
-                 marks=pytest.mark.exhaustive),  # make test: distinct-T1 here, top-k in test_exactness.py's loop
+                 marks=pytest.mark.exhaustive),  # make test: top-k in test_exactness.py's loop
     pytest.param(
         lambda d: model_tree("distinct", hybrid=NGramTreeDrafter(matches=2, depth=2, nodes=4))(d),
         Sampling(1.5, top_p=0.9),
