@@ -25,7 +25,7 @@ from specdec import (
 )
 from specdec.choose.tree_cost import TreeCostModel
 from specdec.exact import sequence_distribution
-from specdec.runtime.tiny import perturbed_copy, tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = GREEDY_PROMPT
 N_NEW = 30
@@ -34,6 +34,9 @@ N_NEW = 30
 # ---------------------------------------------------------------- greedy equality
 
 
+# make test: llama here; every architecture's model tree with k chosen every round in test_greedy_matrix.py
+@pytest.mark.parametrize("arch_case", [pytest.param(a, marks=() if a == "llama" else pytest.mark.exhaustive)
+                                       for a in ARCHITECTURES], indirect=True)
 def test_auto_string_builds_a_fresh_model(arch_case):
     arch, target, draft, reference = arch_case
     out = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=4), PROMPT, sampling=GREEDY,
