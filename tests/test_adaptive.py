@@ -49,7 +49,7 @@ SAMPLINGS = [
 ]
 
 
-# make test: one temperature per drafter (top-k and top-p under k=auto in test_exactness.py and the n-gram case below)
+# make test: one sampling per drafter (top-k and top-p at a fixed k in test_exactness.py; top-p here with n-grams)
 @pytest.mark.parametrize("sampling", in_make_test(SAMPLINGS, ("T1",)))
 def test_auto_with_model_drafter_matches_target_distribution(small_vocab_pair, sampling):
     """One cost model shared by all samples, so later samples run on estimates, not on the warm-up."""
