@@ -16,6 +16,8 @@ Conventions for the suite (`make test` runs it on 2 workers with pytest-xdist, `
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import torch
 from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 
 GREEDY_TOKENS = 30  # new tokens of the greedy equality checks (arch_case)
-HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result"}  # tests sharing one of these run on the same xdist worker
+HEAVY_FIXTURES = {"smollm2", "gemma3", "run_dir", "bench_result", "trained_tiny"}  # tests sharing one of these run on the same xdist worker
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,14 +111,20 @@ def gemma3():
 
 @pytest.fixture(scope="session")
 def make_cfg():
-    """compose(*overrides, hydra=False): conf/config.yaml composed with command-line overrides, nothing run."""
+    """compose(*overrides, hydra=False): conf/config.yaml composed with command-line overrides, nothing run.
+
+    Each distinct command line is composed once per worker (about 0.2 s each); a test gets its own copy to change."""
     conf = str(Path(__file__).resolve().parents[1] / "conf")
 
-    def compose_config(*overrides: str, hydra: bool = False):
+    @functools.cache
+    def composed(overrides: tuple[str, ...], hydra: bool):
         from hydra import compose, initialize_config_dir  # here: most tests need no Hydra
 
         with initialize_config_dir(conf, version_base="1.3"):
             return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+    def compose_config(*overrides: str, hydra: bool = False):
+        return copy.deepcopy(composed(overrides, hydra))
 
     return compose_config
 

@@ -44,28 +44,12 @@ def test_as_shipped_gives_back_the_models_own_attention_and_linears():
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_two_models_of_one_shape_keep_their_own_graphs():
+def test_two_models_of_one_shape_keep_their_own_graphs_and_no_guard_on_their_buffers():
     """The compiled runtime skips the guards its graphs share: two models with graphs of the same shapes, called in
-    turn, must still each run their own."""
-    models = [tiny_model("llama", seed=seed) for seed in (1, 2)]
-    tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        eager = [ragged_chain(model, tokens) for model in models]
-        for model in models:
-            compile_model(model, widths=(1, 2))
-        for _ in range(2):  # the second round: every graph exists, guards skipped
-            compiled = [ragged_chain(model, tokens) for model in models]
-            for ours, reference in zip(compiled, eager):
-                torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
-    assert not torch.allclose(eager[0], eager[1])
-    for model in models:
-        eager_model(model)
-
-
-def test_each_runtime_looks_up_its_own_graphs_and_no_guard_on_its_buffers():
-    """Dynamo keeps the graphs of one code object together and checks a call against them: each model's runtime
-    compiles its own copy of the forward's code, so a call is looked up among its own model's graphs only; and its
-    guards leave out the model's buffers (the packed kernel's panels), which stay put while it is on the runtime."""
+    turn, must still each run their own. Dynamo keeps the graphs of one code object together and checks a call
+    against them: each model's runtime compiles its own copy of the forward's code, so a call is looked up among its
+    own model's graphs only; and its guards leave out the model's buffers (the packed kernel's panels), which stay
+    put while it is on the runtime. (One test: both halves compile the same four graphs.)"""
     from types import SimpleNamespace
 
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -74,10 +58,14 @@ def test_each_runtime_looks_up_its_own_graphs_and_no_guard_on_its_buffers():
 
     models = [tiny_model("llama", seed=seed) for seed in (1, 2)]
     tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(3))
-    runtimes = [compile_model(model, widths=(1, 2)) for model in models]
     with torch.no_grad():
-        for model in models:
-            ragged_chain(model, tokens)
+        eager = [ragged_chain(model, tokens) for model in models]
+        runtimes = [compile_model(model, widths=(1, 2)) for model in models]
+        for _ in range(2):  # the second round: every graph exists, guards skipped
+            compiled = [ragged_chain(model, tokens) for model in models]
+            for ours, reference in zip(compiled, eager):
+                torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(eager[0], eager[1])
     codes = [runtime.compiled._torchdynamo_orig_callable.__func__.__code__ for runtime in runtimes]
     assert codes[0] is not codes[1]
     assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [2, 2]  # widths 1 and 2, each its own

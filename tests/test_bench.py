@@ -79,6 +79,7 @@ def test_a_failing_contender_is_named_and_the_others_complete(bench_result):
         assert goal["value"] is not None and "status" not in goal
 
 
+@pytest.mark.exhaustive  # make test: README's `python -m experiments.bench` composes and validates every contender (test_docs.py)
 def test_every_default_contender_composes_and_validates(make_cfg) -> None:
     """Each contender of conf/bench/default.yaml is a valid experiments.run configuration (nothing loads)."""
     from hydra import compose, initialize_config_dir

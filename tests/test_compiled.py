@@ -49,7 +49,8 @@ def compiled_tiny(arch: str, dynamic_width: bool = False, **kwargs):
     return model
 
 
-@pytest.mark.parametrize("dynamic_width", [False, True])
+# make test: llama on bucketed graphs; one graph for every width in tests/test_dynamic_width.py
+@pytest.mark.parametrize("dynamic_width", [False, pytest.param(True, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=[] if a == "llama" else pytest.mark.exhaustive)
                                   for a in ARCHITECTURES])
 def test_compiled_greedy_equals_eager_greedy(arch, dynamic_width):

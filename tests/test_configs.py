@@ -28,6 +28,7 @@ from experiments.run.settings import (
 from specdec import HybridTreeDrafter, ModelTreeDrafter, NGramDrafter, NGramTreeDrafter
 from specdec.runtime.tiny import tiny_model
 
+pytestmark = pytest.mark.xdist_group("configs")  # one worker: each command line is composed once (make_cfg's cache)
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "verify", "experiment")
@@ -65,13 +66,21 @@ def test_option_composes_and_validates(group: str, option: str, make_cfg, monkey
     validate(cfg)
 
 
+def every_value_once(*axes: list[str]) -> list[tuple[str, ...]]:
+    """As many jobs as the longest axis: job i takes value i (cycling) of each axis, so every value is in a job."""
+    return [tuple(axis[i % len(axis)] for axis in axes) for i in range(max(map(len, axes), default=1))]
+
+
+# make test: every value of every sweep axis composes and validates in some job; the whole product in make test-all
+@pytest.mark.parametrize("jobs", [every_value_once, pytest.param(itertools.product, marks=pytest.mark.exhaustive)],
+                         ids=["every-value", "every-job"])
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_experiment_sweep_jobs_compose(experiment: str, make_cfg) -> None:
-    """Each job of an experiment's sweep (hydra.sweeper.params) composes and validates."""
+def test_experiment_sweep_jobs_compose(experiment: str, jobs, make_cfg) -> None:
+    """The jobs of an experiment's sweep (hydra.sweeper.params) compose and validate."""
     cfg = make_cfg(f"experiment={experiment}", hydra=True)
     params = cfg.hydra.sweeper.params or {}
     axes = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
-    for job in itertools.product(*axes):
+    for job in jobs(*axes):
         job_cfg = make_cfg(f"experiment={experiment}", *job)
         validate(job_cfg)
 

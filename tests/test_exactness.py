@@ -80,6 +80,7 @@ def test_speculative_matches_target_distribution(small_vocab_pair, sampling, k):
     assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) < REJECT
 
 
+@pytest.mark.exhaustive  # make test: a model tree reading the target's cache keeps it (tests/test_shared_cache.py)
 def test_a_draft_reading_the_target_cache_keeps_the_target_distribution(small_vocab_pair):
     """The draft drafts from the target's KV cache (same shapes, so it reads it): still exact."""
     target, draft = small_vocab_pair
@@ -130,6 +131,7 @@ def test_chi_square_rejects_the_articles_method(small_vocab_pair):
     assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) > PASS
 
 
+@pytest.mark.exhaustive  # make test: the n-gram drafter's chi-square under k=auto (tests/test_adaptive.py)
 def test_ngram_drafter_is_exact(small_vocab_pair):
     """A deterministic drafter's q is one-hot; the rule stays exact."""
     target, _ = small_vocab_pair

@@ -208,8 +208,9 @@ PRODUCT = [c for c in itertools.starmap(Case, itertools.product(*AXES.values()))
 def slice_of_the_product() -> set[Case]:
     """`make test`'s cases: each proposer with each of its rules and both draft lengths, on one row and eager,
     the architectures taken in turn; every architecture with a chain and a tree on a batch and with drafts reading
-    its cache; the compiled runtime with chains (a model, a head) and a batch of small trees on llama: passes of
-    one to three tokens, the compiled widths that tests/test_compiled.py builds as well."""
+    its cache; the compiled runtime with a batch of small trees on llama: passes of one to three tokens, the compiled
+    widths that tests/test_compiled.py builds as well. Chains on the compiled runtime: a model's in
+    tests/test_compiled.py, a head's in tests/test_head_runtime.py."""
     chosen, turn = set(), itertools.cycle(ARCHITECTURES)
     for case in PRODUCT:
         if case.rows == 1 and case.runtime == "eager" and case.arch == "llama":
@@ -219,9 +220,7 @@ def slice_of_the_product() -> set[Case]:
                    Case("model_top", "tree", "long", len(BATCH), "eager", arch),
                    Case("reads_target_cache", "token", "long", 1, "eager", arch),
                    Case("tree_reads_target_cache", "tree", "auto", 1, "eager", arch)}
-    chosen |= {Case("model", "token", "short", 1, "compiled", "llama"),
-               Case("head", "token", "short", 1, "compiled", "llama"),
-               Case("chain_reads_target_cache", "tree", "short", len(BATCH), "compiled", "llama")}
+    chosen.add(Case("chain_reads_target_cache", "tree", "short", len(BATCH), "compiled", "llama"))
     return chosen
 
 

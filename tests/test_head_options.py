@@ -12,11 +12,16 @@ from specdec import GREEDY, Sampling, autoregressive_generate, speculative_gener
 from specdec.draft.head import DraftHead, load_head, save_head
 from specdec.draft.head_drafter import HeadDrafter, load_head_drafter
 from specdec.exact import sequence_distribution
-from specdec.runtime.tiny import tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, tiny_model
 from specdec.sampling import probabilities
 
 PROMPT = torch.tensor([[0, 3, 1]])
 N_TOKENS = 3
+
+# make test: two architectures here (gemma3: sliding windows); head drafters on the others in test_greedy_matrix.py
+SOME_ARCHS = pytest.mark.parametrize("arch_case", [pytest.param(a, marks=() if a in ("llama", "gemma3") else
+                                                                pytest.mark.exhaustive) for a in ARCHITECTURES],
+                                     indirect=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0), Sampling(0.7, top_p=0.9), Sampling(1.3, top_k=3)],
@@ -33,6 +38,7 @@ def test_q_on_the_subset_equals_the_processed_full_logits(sampling):
         assert sorted(head.draft_ids(width).tolist()) == finite.tolist()  # what drafting and trees draw from
 
 
+@SOME_ARCHS
 def test_a_bfloat16_head_on_a_float32_target_keeps_greedy_output(arch_case, tmp_path):
     _, target, _, expected = arch_case
     torch.manual_seed(0)
@@ -115,6 +121,7 @@ def test_a_confidence_outside_0_1_is_refused(confidence):
         HeadDrafter(DraftHead(target, layers=1), confidence=confidence)
 
 
+@SOME_ARCHS
 def test_a_head_cut_to_its_most_frequent_tokens_drafts_from_them_and_stays_exact_greedily(arch_case, tmp_path):
     _, target, _, expected = arch_case
     torch.manual_seed(0)

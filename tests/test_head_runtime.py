@@ -69,8 +69,8 @@ def test_a_compiled_head_drafts_what_the_eager_head_drafts(small_vocab_pair, tmp
 
 
 @needs_avx512
-@pytest.mark.parametrize("cpp_wrapper", [False, pytest.param(True, marks=pytest.mark.exhaustive)],
-                         ids=["python", "cpp_wrapper"])
+@pytest.mark.exhaustive  # make test: the compiled head above, PackedLinear on the compiled runtime in test_packed.py
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python", "cpp_wrapper"])
 def test_a_packed_head_drafts_what_the_eager_head_drafts(small_vocab_pair, tmp_path, cpp_wrapper):
     target, _ = small_vocab_pair
     eager, compiled = two_heads(target, tmp_path)

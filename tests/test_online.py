@@ -82,7 +82,7 @@ def test_a_change_of_load_changes_the_draft_within_a_few_rounds():
     """Two drafts as good as the target (greedy, the target itself): `fast` (0.05 per token) wins on a quiet
     machine; a burst of load makes it 60 times slower (3 per token, slower than a target pass), and the rule
     moves to `steady` (0.3 per token) within a few rounds, then back to `fast` after the burst (by its probes)."""
-    target = tiny_model("llama", seed=0, scale=20.0)
+    target = tiny_model("llama", seed=0, scale=20.0, n_layers=1)
     clock = LoadClock()
     start, end = 100.0, 220.0
     busy = lambda now: start <= now < end
@@ -170,7 +170,7 @@ class ThreadedClock(LoadClock):
 def test_thread_count_follows_the_load():
     """Two threads are faster on a quiet machine, one thread under a burst of load: the rule moves to one thread
     within a few rounds of the burst and back to two after it; output equal to the target's greedy output."""
-    target = tiny_model("llama", seed=0, scale=20.0)
+    target = tiny_model("llama", seed=0, scale=20.0, n_layers=1)
     clock = ThreadedClock(lambda now: 75.0 <= now < 225.0)
     switch = DraftSwitch({"copy": TimedDrafter(target, clock, 0.2)})
     rules = {t: OnlineDraftChoice(switch, k_max=4, clock=clock) for t in (2, 1)}

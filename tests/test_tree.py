@@ -164,8 +164,8 @@ EXACT_CASES = [
 
 
 # make test: distinct children in the loop through tests/test_shared_cache.py's tree (depth 2, T = 1), and exactly
-# enumerated in tests/test_tree_accept.py
-@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1", "iid-T1", "hybrid-T1")))
+# enumerated in tests/test_tree_accept.py; i.i.d. and hybrid children in the loop through test_tree_auto.py
+@pytest.mark.parametrize("make, sampling", in_make_test(EXACT_CASES, ("ngram-T1", "top-T1")))
 def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     target, draft = small_vocab_pair
     drafter = make(draft)
@@ -195,6 +195,7 @@ class OriginalQ(RowDrafter):
         return TreeDraft(tree.tokens, tree.parents, q, torch.where(tree.modes == DISTINCT, IID, tree.modes))
 
 
+@pytest.mark.exhaustive  # make test: test_tree_accept.py rejects this wrong rule on sampled rounds, and exactly
 def test_chi_square_rejects_iid_rule_on_distinct_children(small_vocab_pair):
     target, draft = small_vocab_pair
     sampling = Sampling(1.0)

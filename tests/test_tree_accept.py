@@ -148,9 +148,10 @@ def chi_square_pvalue(counts, probs):
     return chisquare(counts[support].numpy(), (probs[support] * counts.sum()).numpy()).pvalue
 
 
-@pytest.mark.parametrize(
-    "shape", [TWO_LEVEL["hybrid/hybrid"], TWO_LEVEL["distinct-2/distinct-2"]], ids=["hybrid", "distinct"]
-)
+# make test: hybrid siblings here; distinct ones by the right rule below and in test_tree_auto.py's loop
+@pytest.mark.parametrize("shape", [pytest.param(TWO_LEVEL["hybrid/hybrid"], id="hybrid"),
+                                   pytest.param(TWO_LEVEL["distinct-2/distinct-2"], id="distinct",
+                                                marks=pytest.mark.exhaustive)])
 def test_accept_tree_first_two_tokens_pass_chi_square(shape):
     p_of, q_of = toy_pair(1, 4, Sampling(0.8, top_p=0.95))
     counts = first_tokens(p_of, q_of, shape, 2000, 2)

@@ -25,7 +25,7 @@ from specdec import (
 )
 from specdec.choose.tree_cost import TreeCostModel
 from specdec.exact import sequence_distribution
-from specdec.runtime.tiny import perturbed_copy, tiny_model
+from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = GREEDY_PROMPT
 N_NEW = 30
@@ -34,6 +34,9 @@ N_NEW = 30
 # ---------------------------------------------------------------- greedy equality
 
 
+# make test: llama here; every architecture's model tree with k chosen every round in test_greedy_matrix.py
+@pytest.mark.parametrize("arch_case", [pytest.param(a, marks=() if a == "llama" else pytest.mark.exhaustive)
+                                       for a in ARCHITECTURES], indirect=True)
 def test_auto_string_builds_a_fresh_model(arch_case):
     arch, target, draft, reference = arch_case
     out = tree_generate(target, ModelTreeDrafter(draft, branches=(2,), depth=4), PROMPT, sampling=GREEDY,
@@ -58,8 +61,10 @@ def model_tree(children, branches=(3,), hybrid=None):
 
 AUTO_EXACT_CASES = [
     pytest.param(model_tree("iid", (3, 2)), Sampling(1.0), id="iid-T1"),
-    pytest.param(model_tree("distinct", (3, 2)), Sampling(1.0), id="distinct-T1"),
-    pytest.param(model_tree("distinct"), Sampling(0.5, top_k=3), id="distinct-T0.5-topk"),
+    pytest.param(model_tree("distinct", (3, 2)), Sampling(1.0), id="distinct-T1",
+                 marks=pytest.mark.exhaustive),  # make test: distinct children in hybrid-T1.5-topp and test_shared_cache.py
+    pytest.param(model_tree("distinct"), Sampling(0.5, top_k=3), id="distinct-T0.5-topk",
+                 marks=pytest.mark.exhaustive),  # make test: top-k in test_exactness.py's loop
     pytest.param(
         lambda d: model_tree("distinct", hybrid=NGramTreeDrafter(matches=2, depth=2, nodes=4))(d),
         Sampling(1.5, top_p=0.9),
