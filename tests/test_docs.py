@@ -12,6 +12,7 @@ A command that no longer works fails with its file and line.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shlex
 from pathlib import Path
@@ -258,3 +259,38 @@ def test_the_docs_name_no_commit_outside_the_results_tables():
                 continue
             found += [f"{path.relative_to(ROOT)}:{n}: {m.group(0)}" for m in HASH.finditer(RESULTS_PATH.sub("", line))]
     assert found == []
+
+
+HEADLINE = ROOT / "docs" / "results" / "headline"  # make run's own records of the rows the README quotes
+
+
+def headline_run(name: str) -> tuple[dict, dict]:
+    """The metrics of summary.json and the environment.json of one run folder under docs/results/headline/."""
+    folder = HEADLINE / name
+    return (json.loads((folder / "summary.json").read_text())["metrics"],
+            json.loads((folder / "environment.json").read_text()))  # fmt: skip
+
+
+def test_the_readme_headline_is_its_result_files():
+    """The README's headline rows quote `make run`'s own records (docs/results/headline/): the default run's speedup
+    and tokens/s, the article pair's quality gap and agreement, each with the commit and the machine it ran on."""
+    text = (ROOT / "README.md").read_text()
+    first = text[: text.index("\n## ")]
+    table = [line for line in first.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in row.strip("|").split("|")))) for row in table[2:]]
+    ours = [row for row in rows if row["command"] == "`make run`"]
+    assert len(ours) == 2, ours  # the default run, then the article pair
+    for row, name in zip(ours, ["main", "article_pair"]):
+        metrics, env = headline_run(name)
+        assert row["commit"] == env["git_commit"][:7], (name, row["commit"])
+        flags = ", ".join(flag for flag, on in env["cpu"]["flags"].items() if on)
+        assert row["machine"] == f'"{env["cpu"]["model"]}", {env["cpu"]["logical_cores"]} cores; {flags}', name
+        assert metrics["agreement/speculative"] == 1.0, name  # greedy: speculative's output is the target's
+    metrics, _ = headline_run("main")
+    assert ours[0]["measured"] == (f"**{metrics['speedup']:.2f}x** ({metrics['tokens_per_second/speculative']:.2f} / "
+                                   f"{metrics['tokens_per_second/autoregressive']:.2f} tok/s)")  # fmt: skip
+    metrics, _ = headline_run("article_pair")
+    gap = metrics["nll_per_token/naive"] - metrics["nll_per_token/autoregressive"]
+    assert ours[1]["measured"] == (f"**{gap:+.2f} nats/token**, {metrics['agreement/naive']:.0%} agreement "
+                                   f"(speculative: {metrics['agreement/speculative']:.0%})")  # fmt: skip
