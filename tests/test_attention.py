@@ -139,13 +139,13 @@ def test_a_cache_grown_past_its_capacity_keeps_its_graphs(monkeypatch):
     with torch.no_grad():
         lm = CachedLM(model)
         eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
-        compile_model(model, widths=(1, 4), capacity=WINDOW)
+        compile_model(model, widths=(1, 4), capacity=2 * WINDOW)  # traced with a window narrower than the buffer
         lm = CachedLM(model)
         compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:2]]  # compiles the 4-wide graph
         monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
         compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[2:]]
         capacity = lm.cache.layers[0].capacity
-    assert capacity >= 3 * WINDOW  # grown twice
+    assert capacity >= 3 * WINDOW  # grown
     for ours, reference in zip(compiled, eager):
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)

@@ -109,7 +109,8 @@ def test_a_cache_that_reallocates_records_again(target):
     for _ in range(3):
         lm.forward(torch.tensor([[4]]))
     before, recorded = cache_addresses(lm.cache), graphs.recorded
-    lm.forward(torch.arange(1, 61)[None] % 10)  # 60 tokens more: past the 64 slots, eager (wider than a bucket)
+    more = lm.cache.layers[0].capacity  # as many tokens more: past the buffer, eager (wider than a bucket)
+    lm.forward(torch.arange(1, more + 1)[None] % 10)
     assert cache_addresses(lm.cache) != before
     for _ in range(2):  # the first compiles the graph of the larger buffer, the second records it
         lm.forward(torch.tensor([[4]]))

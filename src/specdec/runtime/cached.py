@@ -184,7 +184,7 @@ class CachedLM:
         if padded > width:
             tokens, positions, ancestry = padded_pass(tokens, positions, ancestry, padded)
         for layer in self.cache.layers:
-            layer.reserve(self.slots + padded)
+            layer.reserve(self.compiled.room(self.slots + padded))
         mask = self.masks(positions, ancestry, keys=self.compiled.window(self.slots + padded,
                                                                           self.cache.layers[0].capacity))
         held = all(layer.held() for layer in self.cache.layers)

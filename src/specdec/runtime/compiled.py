@@ -155,6 +155,11 @@ class CompiledForward:
             return capacity
         return min(capacity, -(-slots // self.window_slots) * self.window_slots)
 
+    def room(self, slots: int) -> int:
+        """Slots a cache must hold for a pass that fills `slots`: with a window, one more than the window, so that the
+        window stays narrower than the buffer and the graphs that take both as dynamic hold (dynamic_capacity)."""
+        return -(-slots // self.window_slots) * self.window_slots + 1 if self.window_slots else slots
+
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width; rows and the widest
         bucket with dynamic_width). Inputs of shapes seen before check only the guards that tell graphs apart (which

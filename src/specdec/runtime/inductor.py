@@ -124,11 +124,13 @@ def dynamic_capacity(cache) -> None:
     """Mark every slot buffer's length (the cache's capacity, (B, H, capacity, D)) dynamic, so that one graph serves
     every capacity: a cache that grows past its capacity for a long prompt (SlotLayer.reserve) keeps its graphs
     instead of compiling new ones (about 90 s for SmolLM2-135M, once per distinct prompt length). Only where attention
-    reads a window of the buffer (dynamic_window): the graph then never reads the capacity itself."""
+    reads a window of the buffer (dynamic_window): the graph then never reads the capacity itself. A graph traced
+    with the window as wide as the buffer ties the two together and keeps the capacity static (maybe_mark_dynamic
+    lets it)."""
     for layer in cache.layers:
         if getattr(layer, "key_buffer", None) is not None:
-            torch._dynamo.mark_dynamic(layer.key_buffer, 2)
-            torch._dynamo.mark_dynamic(layer.value_buffer, 2)
+            torch._dynamo.maybe_mark_dynamic(layer.key_buffer, 2)
+            torch._dynamo.maybe_mark_dynamic(layer.value_buffer, 2)
 
 
 def mark_width(tokens: torch.Tensor, positions: torch.Tensor, masks: Masks, widest: int) -> None:
