@@ -135,6 +135,7 @@ def test_the_cheapest_measured_bucket_is_chosen():
     assert runtime.bucket(2) == 2 and runtime.bucket(3) == 4
 
 
+@pytest.mark.exhaustive  # make test: the choice of bucket (test_the_cheapest_measured_bucket_is_chosen) and padding
 def test_buckets_are_timed_at_load_and_a_pass_pads_to_the_cheapest():
     """time_buckets fills pass_ms with every bucket's time; a 2-token pass then runs in the cheapest bucket that holds
     it, and padded to 4 the greedy output is still HF's eager one."""
