@@ -107,24 +107,36 @@ def test_attention_reads_a_window_of_the_cache(monkeypatch):
     windows grow with the sequence, one graph per width serves them all, and the logits are the eager ones."""
     from specdec.runtime.compiled import WINDOW
 
-    model = tiny_model("llama", seed=6)
-    tokens = torch.randint(0, 32, (1, 2 * WINDOW + 30), generator=torch.Generator().manual_seed(7))
-    steps = [(0, 10), *((start, start + 4) for start in range(10, tokens.shape[1], 4))]
-    with torch.no_grad():
-        lm = CachedLM(model)
-        eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
+    model, windows = tiny_model("llama", seed=6), []
+
+    def windows_seen():
         runtime = compile_model(model, widths=(1, 4), capacity=4 * WINDOW)
-        graph, windows = runtime.compiled, []
+        graph = runtime.compiled
         runtime.compiled = lambda *inputs: windows.append(inputs[2].shape[-1]) or graph(*inputs)
-        lm = CachedLM(model)
-        compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:3]]  # compiles the 4-wide graph
-        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
-        compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[3:]]
+
+    eager, compiled, _ = passes_eager_then_compiled(model, 2 * WINDOW + 30, windows_seen, 3, monkeypatch)
     assert sorted(set(windows)) == [WINDOW, 2 * WINDOW, 3 * WINDOW]
     assert compile_model(model, widths=(1,), capacity=4 * WINDOW, window=0).window(10, 4 * WINDOW) == 4 * WINDOW
     for ours, reference in zip(compiled, eager):
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)
+
+
+def passes_eager_then_compiled(model, length: int, compile, compiling: int, monkeypatch):
+    """A random sequence of `length` tokens as a 10-token prompt then passes of 4: its logits eager, then on a fresh
+    cache after compile() (the first `compiling` passes may compile; a recompile after them raises); and that
+    cache."""
+    tokens = torch.randint(0, 32, (1, length), generator=torch.Generator().manual_seed(length))
+    steps = [(0, 10), *((start, start + 4) for start in range(10, length, 4))]
+    with torch.no_grad():
+        lm = CachedLM(model)
+        eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
+        compile()
+        lm = CachedLM(model)
+        compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:compiling]]  # compiles the 4-wide graph
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
+        compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[compiling:]]
+    return eager, compiled, lm.cache
 
 
 def test_a_cache_grown_past_its_capacity_keeps_its_graphs(monkeypatch):
@@ -134,18 +146,9 @@ def test_a_cache_grown_past_its_capacity_keeps_its_graphs(monkeypatch):
     from specdec.runtime.compiled import WINDOW
 
     model = tiny_model("llama", seed=8)
-    tokens = torch.randint(0, 32, (1, 3 * WINDOW + 6), generator=torch.Generator().manual_seed(9))
-    steps = [(0, 10), *((start, start + 4) for start in range(10, tokens.shape[1], 4))]
-    with torch.no_grad():
-        lm = CachedLM(model)
-        eager = [lm.forward(tokens[:, a:b]) for a, b in steps]
-        compile_model(model, widths=(1, 4), capacity=2 * WINDOW)  # traced with a window narrower than the buffer
-        lm = CachedLM(model)
-        compiled = [lm.forward(tokens[:, a:b]) for a, b in steps[:2]]  # compiles the 4-wide graph
-        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # from here a recompile raises
-        compiled += [lm.forward(tokens[:, a:b]) for a, b in steps[2:]]
-        capacity = lm.cache.layers[0].capacity
-    assert capacity >= 3 * WINDOW  # grown
+    eager, compiled, cache = passes_eager_then_compiled(  # traced with a window narrower than the buffer
+        model, 3 * WINDOW + 6, lambda: compile_model(model, widths=(1, 4), capacity=2 * WINDOW), 2, monkeypatch)
+    assert cache.layers[0].capacity >= 3 * WINDOW  # grown
     for ours, reference in zip(compiled, eager):
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)

@@ -127,7 +127,9 @@ def rounding_sentence(rows: pd.DataFrame, greedy: bool) -> str:
     """Where greedy speculative output parted from target-only's (the first token, over the prompts), and why: the
     target's logits at a position differ in their last bits between a one-token step and a wider pass (kernels that
     are not batch-invariant: bf16, a quantized target), so a near-tie can flip. Empty when every output is identical."""
-    ours = rows[~rows["method"].isin([BASELINE, "naive"])] if greedy and "parted_at" in rows else rows.iloc[:0]
+    if not greedy or "parted_at" not in rows:
+        return ""
+    ours = rows[~rows["method"].isin([BASELINE, "naive"])]
     parted = ours[ours["parted_at"].notna()]
     if parted.empty:
         return ""

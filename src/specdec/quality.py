@@ -36,11 +36,8 @@ def negative_log_likelihood(model: PreTrainedModel, prompt_ids: torch.Tensor, co
 def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> float:
     """Fraction of positions, up to the first difference, on which tokens matches reference (1.0 = identical)."""
     n = max(tokens.numel(), reference.numel())
-    if n == 0:
-        return 1.0
-    m = min(tokens.numel(), reference.numel())
-    same = (tokens[:m].cpu() == reference[:m].cpu()).long().cumprod(0).sum()
-    return float(same) / n
+    parted_at = first_difference(tokens.tolist(), reference.tolist())
+    return 1.0 if parted_at is None else parted_at / n
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -151,14 +151,16 @@ class CompiledForward:
     def window(self, slots: int, capacity: int) -> int:
         """Key slots a pass attends over when `slots` are in use with it: a multiple of WINDOW, or the whole
         buffer (of `capacity` slots) where the model's attention reads every slot its cache returns."""
-        if not self.window_slots:
-            return capacity
-        return min(capacity, -(-slots // self.window_slots) * self.window_slots)
+        return min(capacity, self.rounded(slots)) if self.window_slots else capacity
+
+    def rounded(self, slots: int) -> int:
+        """`slots` rounded up to a multiple of the window's step (WINDOW)."""
+        return -(-slots // self.window_slots) * self.window_slots
 
     def room(self, slots: int) -> int:
         """Slots a cache must hold for a pass that fills `slots`: with a window, one more than the window, so that the
         window stays narrower than the buffer and the graphs that take both as dynamic hold (dynamic_capacity)."""
-        return -(-slots // self.window_slots) * self.window_slots + 1 if self.window_slots else slots
+        return self.rounded(slots) + 1 if self.window_slots else slots
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width; rows and the widest
