@@ -56,6 +56,21 @@ def sample_counts(generate: Callable, vocab: int, n_tokens: int, seed: int, n: i
     return counts
 
 
+def batch_counts(generate: Callable, vocab: int, n_tokens: int, seed: int, n: int = N_SAMPLES) -> torch.Tensor:
+    """Histogram (vocab**n_tokens,) of n continuations drawn as the n rows of one batch: generate(generator, n) ->
+    n token tensors (n_tokens,). Rows are independent draws (tests/test_batch_power.py), so this is the same test as
+    sample_counts at a fraction of its time; the loop's one-row path keeps its own chi-square tests (the online
+    choice, auto trees and other vocabularies choose for one sequence and sample with sample_counts)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(vocab**n_tokens, dtype=torch.float64)
+    rows = list(generate(g, n))
+    assert len(rows) == n
+    for tokens in rows:
+        assert tokens.numel() == n_tokens
+        counts[sequence_index(tokens, vocab)] += 1
+    return counts
+
+
 def power(probs: torch.Tensor, alternative: torch.Tensor, n: int = N_SAMPLES, alpha: float = PASS) -> float:
     """Probability that chi_square_pvalue of n samples from `alternative` falls below alpha (tested against probs)."""
     probs = probs / probs.sum()

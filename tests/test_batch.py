@@ -125,13 +125,13 @@ N_TOKENS = 3
 
 
 def row_counts(generate, n=N_SAMPLES, seed=5, vocab=5):
-    """Histograms (B, V^n) of each row's continuation over n batched generations."""
+    """Histograms (B, V^n) of each prompt's continuation over n copies of the B prompts, all rows of one batch
+    (CHI_PROMPTS * n: every row's neighbours have other prompts)."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(len(CHI_PROMPTS), vocab**N_TOKENS, dtype=torch.float64)
-    for _ in range(n):
-        out = generate(g)
-        for b, tokens in enumerate(out.tokens):
-            counts[b, sequence_index(tokens, vocab)] += 1
+    out = generate(g, CHI_PROMPTS * n)
+    for row, tokens in enumerate(out.tokens):
+        counts[row % len(CHI_PROMPTS), sequence_index(tokens, vocab)] += 1
     return counts
 
 
@@ -141,16 +141,16 @@ def row_pvalues(counts, model, sampling):
 
 
 def chain(k="auto", acceptance=None):
-    def run(target, draft, sampling, g):
-        return speculative_generate(target, ModelDrafter(draft), CHI_PROMPTS, k=k, sampling=sampling,
+    def run(target, draft, sampling, g, prompts):
+        return speculative_generate(target, ModelDrafter(draft), prompts, k=k, sampling=sampling,
                                     max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance)  # fmt: skip
     return run
 
 
 def tree(acceptance=None, children="iid"):
-    def run(target, draft, sampling, g):
+    def run(target, draft, sampling, g, prompts):
         drafter = ModelTreeDrafter(draft, branches=(2, 2), depth=2, children=children)
-        return tree_generate(target, drafter, CHI_PROMPTS, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+        return tree_generate(target, drafter, prompts, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
                              acceptance=acceptance)  # fmt: skip
     return run
 
@@ -173,7 +173,7 @@ def test_every_row_has_the_target_distribution(small_vocab_pair, run, sampling):
     """B = 3 rows with different prompts: each row's continuations fit the target's distribution for that
     prompt, not the draft's (one case in `make test`, the others in `make test-all`)."""
     target, draft = small_vocab_pair
-    counts = row_counts(lambda g: run(target, draft, sampling, g))
+    counts = row_counts(lambda g, prompts: run(target, draft, sampling, g, prompts))
     assert min(row_pvalues(counts, target, sampling)) > PASS / len(CHI_PROMPTS)
     assert max(row_pvalues(counts, draft, sampling)) < REJECT
 

@@ -9,13 +9,13 @@ from goodness_of_fit import (
     N_SAMPLES,
     PASS,
     REJECT,
+    batch_counts,
     block_round,
     chi_square_pvalue,
     first_round_tokens,
     in_make_test,
     power,
     rule_distribution,
-    sample_counts,
     token_round,
 )
 from test_exactness import CASES, N_TOKENS, PROMPT
@@ -36,11 +36,12 @@ def resample_from_scaled_p(scaled_p: torch.Tensor, q: torch.Tensor) -> torch.Ten
 def block_counts(target, draft, sampling: Sampling, k: int, seed: int, rule: BlockVerification) -> torch.Tensor:
     drafter = ModelDrafter(draft)
 
-    def generate(g):
-        return speculative_generate(target, drafter, PROMPT, k=k, sampling=sampling, max_new_tokens=N_TOKENS,
+    def generate(g, n):
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=k,
+            sampling=sampling, max_new_tokens=N_TOKENS,
                                     generator=g, acceptance=rule).tokens  # fmt: skip
 
-    return sample_counts(generate, 5, N_TOKENS, seed=seed)
+    return batch_counts(generate, 5, N_TOKENS, seed=seed)
 
 
 @pytest.mark.parametrize("sampling, k", CASES)

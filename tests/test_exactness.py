@@ -17,11 +17,11 @@ from goodness_of_fit import (
     N_SAMPLES,
     PASS,
     REJECT,
+    batch_counts,
     chi_square_pvalue,
     in_make_test,
     power,
     rule_distribution,
-    sample_counts,
 )
 
 from specdec import (
@@ -63,12 +63,12 @@ def speculative_counts(
 ) -> torch.Tensor:
     drafter = ModelDrafter(draft, reads_target_cache=reads_target_cache)
 
-    def generate(g):
+    def generate(g, n):
         return speculative_generate(
-            target, drafter, PROMPT, k=k, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
+            target, drafter, PROMPT.expand(n, -1), k=k, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
         ).tokens
 
-    return sample_counts(generate, 5, N_TOKENS, seed=seed)
+    return batch_counts(generate, 5, N_TOKENS, seed=seed)
 
 
 @pytest.mark.parametrize("sampling, k", in_make_test(CASES, ("T1-k1", "T1.5-top_k4-top_p0.9-k6")))
@@ -123,10 +123,11 @@ def test_chi_square_rejects_the_articles_method(small_vocab_pair):
     target, draft = small_vocab_pair
     sampling = Sampling(1.0)
 
-    def generate(g):
-        return draft_then_score(target, draft, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+    def generate(g, n):
+        return draft_then_score(target, draft, PROMPT.expand(n, -1), sampling=sampling, max_new_tokens=N_TOKENS,
+                                generator=g).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=3)
+    counts = batch_counts(generate, 5, N_TOKENS, seed=3)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT
     assert chi_square_pvalue(counts, sequence_distribution(draft, PROMPT, N_TOKENS, sampling)) > PASS
 
@@ -139,12 +140,12 @@ def test_ngram_drafter_is_exact(small_vocab_pair):
     sampling = Sampling(1.0)
     exact = sequence_distribution(target, prompt, N_TOKENS, sampling)
 
-    def generate(g):
+    def generate(g, n):
         return speculative_generate(
-            target, NGramDrafter(), prompt, k=3, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
+            target, NGramDrafter(), prompt.expand(n, -1), k=3, sampling=sampling, max_new_tokens=N_TOKENS, generator=g
         ).tokens
 
-    assert chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=7), exact) > PASS
+    assert chi_square_pvalue(batch_counts(generate, 5, N_TOKENS, seed=7), exact) > PASS
 
 
 def test_autoregressive_baseline_matches_target_distribution(small_vocab_pair):
@@ -152,10 +153,11 @@ def test_autoregressive_baseline_matches_target_distribution(small_vocab_pair):
     sampling = Sampling(1.0)
     exact = sequence_distribution(target, PROMPT, N_TOKENS, sampling)
 
-    def generate(g):
-        return autoregressive_generate(target, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+    def generate(g, n):
+        return autoregressive_generate(target, PROMPT.expand(n, -1), sampling=sampling, max_new_tokens=N_TOKENS,
+                                       generator=g).tokens
 
-    assert chi_square_pvalue(sample_counts(generate, 5, N_TOKENS, seed=11), exact) > PASS
+    assert chi_square_pvalue(batch_counts(generate, 5, N_TOKENS, seed=11), exact) > PASS
 
 
 def test_greedy_speculative_is_deterministic_target_argmax(small_vocab_pair):

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from fakes import GREEDY_PROMPT
-from goodness_of_fit import PASS, REJECT, chi_square_pvalue, sample_counts
+from goodness_of_fit import PASS, REJECT, batch_counts, chi_square_pvalue, sample_counts
 
 from specdec import (
     GREEDY,
@@ -82,11 +82,14 @@ class FullSoftmaxHead(HeadDrafter):
         return predicted, logits
 
 
-def head_counts(target, drafter, sampling, k, seed):
-    def generate(g):
-        return speculative_generate(target, drafter, PROMPT, k=k, sampling=sampling, max_new_tokens=N_TOKENS,
-                                    generator=g).tokens
+def head_counts(target, drafter, sampling, k, seed, rows=True):
+    """Counts of N_SAMPLES continuations: the rows of one batch, or one generation after another (rows=False)."""
+    def generate(g, n=1):
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=k, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g).tokens
 
+    if rows:
+        return batch_counts(generate, 5, N_TOKENS, seed=seed)
     return sample_counts(generate, 5, N_TOKENS, seed=seed)
 
 
@@ -104,7 +107,7 @@ def test_full_softmax_in_the_ratio_is_caught(small_vocab_pair):
     head = random_head(target, vocab=torch.tensor([3, 0, 2]))
     head.whole_output = target.get_output_embeddings().weight.detach()  # W: the whole output layer
     sampling = Sampling(1.0)
-    counts = head_counts(target, FullSoftmaxHead(head), sampling, 2, seed=5)
+    counts = head_counts(target, FullSoftmaxHead(head), sampling, 2, seed=5, rows=False)  # its q is row 0's
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) < REJECT
 
 
@@ -228,11 +231,12 @@ def test_head_tree_with_a_reduced_vocabulary_keeps_the_target_distribution(small
                               children=children)
     sampling = Sampling(1.0)
 
-    def generate(g):
-        return tree_generate(target, drafter, PROMPT, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+    def generate(g, n):
+        return tree_generate(target, drafter, PROMPT.expand(n, -1),
+            sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
                              acceptance=rule()).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=7)
+    counts = batch_counts(generate, 5, N_TOKENS, seed=7)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
 
 

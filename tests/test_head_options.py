@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fakes import GREEDY_PROMPT
-from goodness_of_fit import PASS, chi_square_pvalue, sample_counts
+from goodness_of_fit import PASS, batch_counts, chi_square_pvalue
 
 from specdec import GREEDY, Sampling, autoregressive_generate, speculative_generate
 from specdec.draft.head import DraftHead, load_head, save_head
@@ -57,11 +57,12 @@ def test_a_bfloat16_head_keeps_the_target_distribution(small_vocab_pair, tmp_pat
     drafter = HeadDrafter(load_head(folder, target, "bfloat16"))
     sampling = Sampling(1.0)
 
-    def generate(g):
-        return speculative_generate(target, drafter, PROMPT, k=2, sampling=sampling, max_new_tokens=N_TOKENS,
+    def generate(g, n):
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2,
+            sampling=sampling, max_new_tokens=N_TOKENS,
                                     generator=g).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    counts = batch_counts(generate, 5, N_TOKENS, seed=5)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
 
 
@@ -105,11 +106,12 @@ def test_a_confident_chain_keeps_the_target_distribution(small_vocab_pair):
     drafter.lengths = []
     sampling = Sampling(1.0)
 
-    def generate(g):
-        return speculative_generate(target, drafter, PROMPT, k=2, sampling=sampling, max_new_tokens=N_TOKENS,
+    def generate(g, n):
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2,
+            sampling=sampling, max_new_tokens=N_TOKENS,
                                     generator=g).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=5)
+    counts = batch_counts(generate, 5, N_TOKENS, seed=5)
     assert {0, 1} <= set(drafter.lengths)  # chains of k = 2 cut before their first and their second token
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
 

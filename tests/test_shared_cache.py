@@ -115,7 +115,7 @@ def test_a_model_tree_reading_the_target_cache_keeps_the_target_distribution(sma
     sampling = Sampling(1.0)
     drafter = ModelTreeDrafter(draft, branches=(3,), depth=2, nodes=8, children="distinct", reads_target_cache=True)
 
-    def generate(g):
+    def generate(g):  # one row: a tree reads the target's cache on a single sequence
         return tree_generate(target, drafter, TREE_PROMPT, sampling=sampling, max_new_tokens=3, generator=g).tokens
 
     counts = sample_counts(generate, 5, 3, seed=13)

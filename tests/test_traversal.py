@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from goodness_of_fit import N_SAMPLES, PASS, REJECT, block_round, chi_square_pvalue, power, sample_counts
+from goodness_of_fit import N_SAMPLES, PASS, REJECT, batch_counts, block_round, chi_square_pvalue, power
 from test_tree import PROMPT, model_tree
 from test_tree_accept import SAMPLINGS, TWO_LEVEL, argmax_path, first_tokens, gen
 
@@ -180,11 +180,12 @@ def test_toy_rounds_pass_chi_square_and_the_wrong_update_does_not(shape):
 def traversal_counts(target, drafter, sampling, seed, n=N_SAMPLES):
     acceptance = TraversalVerification()
 
-    def generate(g):
-        return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
+    def generate(g, n):
+        return tree_generate(target, drafter, REPEATING.expand(n, -1),
+            sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
                              acceptance=acceptance).tokens  # fmt: skip
 
-    return sample_counts(generate, 5, N_TOKENS, seed=seed, n=n)
+    return batch_counts(generate, 5, N_TOKENS, seed=seed, n=n)
 
 
 LOOP_CASES = [

@@ -10,7 +10,7 @@ test rejects a tree whose distinct children are verified with the i.i.d. rule an
 import pytest
 import torch
 from fakes import GREEDY_PROMPT, hf_greedy
-from goodness_of_fit import PASS, REJECT, chi_square_pvalue, in_make_test, sample_counts
+from goodness_of_fit import PASS, REJECT, batch_counts, chi_square_pvalue, in_make_test, sample_counts
 
 from specdec import (
     GREEDY,
@@ -170,10 +170,11 @@ def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     target, draft = small_vocab_pair
     drafter = make(draft)
 
-    def generate(g):
-        return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+    def generate(g, n):
+        return tree_generate(target, drafter, REPEATING.expand(n, -1),
+            sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
 
-    counts = sample_counts(generate, 5, N_TOKENS, seed=5, n=N_PASS)
+    counts = batch_counts(generate, 5, N_TOKENS, seed=5, n=N_PASS)
     assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) > PASS
 
 
@@ -201,7 +202,7 @@ def test_chi_square_rejects_iid_rule_on_distinct_children(small_vocab_pair):
     sampling = Sampling(1.0)
     drafter = OriginalQ(ModelTreeDrafter(draft, branches=(3,), depth=2, nodes=8, children="distinct"))
 
-    def generate(g):
+    def generate(g):  # one row: OriginalQ wraps one row's drafter
         return tree_generate(target, drafter, REPEATING, sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
 
     counts = sample_counts(generate, 5, N_TOKENS, seed=5)
