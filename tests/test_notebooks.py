@@ -9,9 +9,7 @@ started in notebooks/ like JupyterLab does. Each notebook's own asserts are the 
 import os
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["01_derivation", "02_article_vs_speculative", "03_results", "04_draft_heads"]
@@ -23,6 +21,9 @@ def test_every_notebook_is_listed():
 
 def execute(name: str, timeout: int, save: bool = False) -> None:
     """Run the notebook top to bottom; save: write it back with its new outputs (the committed ones)."""
+    import nbformat  # here, not at collection: it imports jsonschema's format checkers, about 4.5 s
+    from nbclient import NotebookClient
+
     path = NOTEBOOKS / f"{name}.ipynb"
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
