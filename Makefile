@@ -31,8 +31,6 @@ $(STAMP): $(RUN_STAMP)
 # `make run` without ARGS: the main table, then the article's method on a real two-model pair (conf/experiment/article_pair.yaml)
 run: $(RUN_STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
 	$(BIN)/python -m experiments.run $(ARGS)
-	@dir=$$(ls -td outputs/*/*/ 2>/dev/null | head -1); \
-	echo "Run folder: $$dir (summary.md, calibration.md, figures/); offline W&B run: $${dir}wandb/ (upload: wandb sync $${dir}wandb/offline-run-*)"
 	@if [ -z "$(ARGS)" ]; then $(BIN)/python -m experiments.run experiment=article_pair; fi
 
 # the training conversations of `make train-draft` (src/specdec/train/conversations.py: contents and licences)

@@ -112,6 +112,17 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
         record_failure(run_dir, overrides, e, time.perf_counter() - started)
         raise
     mark_done(run_dir, overrides, time.perf_counter() - started)
+    if hc.mode == RunMode.RUN:
+        print(folder_line(Path(os.path.relpath(run_dir)), cfg.logger), flush=True)
+
+
+def folder_line(run_dir: Path, logger: DictConfig) -> str:
+    """Where a single run wrote its files, and how to upload its offline W&B run."""
+    line = f"Run folder: {run_dir}/ (summary.md, calibration.md, figures/)"
+    if logger.kind == "wandb" and logger.get("mode") == "offline":
+        runs = Path(logger.get("dir") or run_dir) / "wandb"
+        line += f"; offline W&B run: {runs}/ (upload: wandb sync {runs}/offline-run-*)"
+    return line
 
 
 def main() -> None:
