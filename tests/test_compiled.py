@@ -5,7 +5,10 @@ default GEMMs (autotune=False): a few seconds per graph, cached on disk by induc
 autotuned C++ GEMM path is what the bench measures on the offline model (python -m experiments.bench bench=runtime).
 """
 
+import copy
+import gc
 import logging
+import weakref
 
 import pytest
 import torch
@@ -318,3 +321,16 @@ def test_one_graph_serves_every_cache_and_sequence_length(monkeypatch):
     ids = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)
     longer.forward(ids[:, :9])
     assert longer.forward(ids[:, 9:10]).shape[1] == 1
+
+
+def test_a_dropped_compiled_model_is_freed_and_a_copy_runs_eager():
+    """The runtime lives on its model (specdec.runtime.compiled.Runtimes): dropping the model frees both, where a
+    registry of models would keep every compiled model of a sweep or a bench alive; a copy of a compiled model is
+    eager until it is compiled itself."""
+    model = tiny_model("llama", seed=0)
+    compile_model(model, widths=(1,))  # lazy: nothing compiles before a pass
+    assert compiled_forward(model) is not None and compiled_forward(copy.deepcopy(model)) is None
+    dropped = weakref.ref(model)
+    del model
+    gc.collect()
+    assert dropped() is None

@@ -87,6 +87,7 @@ BAD = [
     (["runtime=compiled", "runtime.packed_rows=[5,2]"], "runtime.packed_rows must be an integer >= 5"),
     (["runtime.name=aot"], r"expected one of \[eager, compiled, auto\][\s\S]*full_key: runtime.name"),
     (["runtime.step_graph=sometimes"], r"expected one of \[auto, always, never\][\s\S]*full_key: runtime.step_graph"),
+    (["then=[article_pairs]"], "then='article_pairs' is not supported; choices: article_pair, "),
 ]
 
 

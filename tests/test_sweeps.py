@@ -8,6 +8,7 @@ submitit_local (each job a process of its own), a job that fails, and a re-launc
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,31 @@ def test_the_report_never_compares_timings_of_two_machines(tmp_path: Path):
                           "AMD EPYC, 2 logical cores; avx2, avx512f": ("4", 4)}  # fmt: skip
     runs = pd.read_csv(tmp_path / "report" / "runs.csv")
     assert runs["machine"].nunique() == 2
+
+
+def test_then_runs_each_experiment_in_this_process_into_its_own_folder(tmp_path, monkeypatch):
+    """`then=[article_pair]` (make run): the experiment composed as `experiment=article_pair` composes it, run with the
+    same pair cache, into its own run folder with its config, its log and done.json."""
+    from hydra import initialize_config_dir
+
+    from experiments.run import app
+    from experiments.run.pair import Pairs
+    from experiments.run.settings import CONF_DIR
+
+    calls = []
+
+    def recorded(cfg, run_dir, overrides, pairs, launch):
+        calls.append((cfg, run_dir, overrides, pairs))
+        logging.getLogger("experiments.run.app").warning("ran")
+
+    monkeypatch.setattr(app, "run_experiment", recorded)
+    monkeypatch.chdir(tmp_path)
+    pairs = Pairs()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        run_jobs.run_then("article_pair", pairs)
+    (cfg, run_dir, overrides, shared), = calls
+    assert shared is pairs and overrides == ["experiment=article_pair"] and "hydra" not in cfg
+    assert cfg.model.name == "gemma3_smollm2" and cfg.max_new_tokens == 32 and cfg.then == []
+    assert run_dir.parent.parent == Path("outputs") and run_dir.name.endswith("_gemma3_smollm2")
+    assert OmegaConf.load(run_dir / ".hydra" / "config.yaml").max_new_tokens == 32
+    assert "ran" in (run_dir / "run.log").read_text() and (run_dir / "done.json").exists()

@@ -16,9 +16,12 @@ What this module adds around experiments.run.app.run_experiment:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -114,6 +117,60 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
     mark_done(run_dir, overrides, time.perf_counter() - started)
     if hc.mode == RunMode.RUN:
         print(folder_line(Path(os.path.relpath(run_dir)), cfg.logger), flush=True)
+        for name in cfg.then:
+            run_then(name, pairs)
+
+
+def run_then(name: str, pairs: Pairs) -> None:
+    """`then=[name]`: the experiment conf/experiment/<name>.yaml after this run, in this process, composed as
+    `python -m experiments.run experiment=<name>` composes it, into its own run folder (hydra.run.dir) with its config
+    in .hydra/ and its log in run.log. The pair cache frees this run's models when the next loads another target."""
+    from hydra import compose
+    from hydra.errors import MissingConfigException
+    from omegaconf import OmegaConf, open_dict
+
+    from .app import run_experiment
+
+    overrides = [f"experiment={name}"]
+    try:
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as e:
+        raise ValueError(f"then: {e}".splitlines()[0]) from None
+    run_dir = Path(os.path.relpath(cfg.hydra.run.dir))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    start_afresh(run_dir)
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+    started, launch = time.perf_counter(), {"launcher": "then (after a run, in its process)", "pid": os.getpid()}
+    try:
+        with log_file(run_dir / "run.log"):
+            run_experiment(cfg, run_dir, overrides, pairs, launch)
+    except Exception as e:
+        record_failure(run_dir, overrides, e, time.perf_counter() - started)
+        raise
+    mark_done(run_dir, overrides, time.perf_counter() - started)
+    print(folder_line(run_dir, cfg.logger), flush=True)
+
+
+@contextlib.contextmanager
+def log_file(path: Path) -> Iterator[None]:
+    """The root logger writes to path instead of the run's own log file while the block runs."""
+    root = logging.getLogger()
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    handler = logging.FileHandler(path)
+    handler.setFormatter(files[0].formatter if files else logging.Formatter("[%(asctime)s][%(name)s] %(message)s"))
+    for h in files:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for h in files:
+            root.addHandler(h)
 
 
 def folder_line(run_dir: Path, logger: DictConfig) -> str:

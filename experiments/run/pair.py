@@ -11,7 +11,6 @@ predicted one drafts a fixed k, and it and the next best stay loaded for k=auto,
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -19,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
 import transformers
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.auto.runtime import put_drafter_on_runtime
 from specdec.auto.setup import Drafts, calibration_ids, prepare_drafts, prepare_target
 from specdec.draft.base import Drafter
+from specdec.runtime.machine import release_memory
 from specdec.runtime.models import draft_tokenizer, eos_token_ids, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
 
@@ -244,9 +243,7 @@ class Pairs:
         if target_key(cfg) not in self.targets:  # another target: free what the earlier ones loaded first
             self.targets.clear()
             self.drafts.clear()
-            gc.collect()
-            if plan.device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            release_memory(plan.device)
         key = pair_key(cfg)
         if key not in self.drafts:
             self.drafts[key] = load_draft(cfg, plan, lambda: self.target(cfg, plan))

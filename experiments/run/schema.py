@@ -160,6 +160,7 @@ class RunConfig:
     dtype: Dtype = MISSING
     threads: IntOrAuto | None = None
     skip_finished: bool = True
+    then: list[str] = field(default_factory=list)  # experiments run next in this process (conf/experiment/ names)
 
 
 ConfigStore.instance().store(name="run_schema", node=RunConfig)

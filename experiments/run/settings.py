@@ -212,6 +212,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.batch_size > 1 and cfg.tree and cfg.k == AUTO:
         raise ConfigError("batch_size > 1 with a tree takes a fixed depth: k='auto' prices one sequence's trees; "
                           "set k to an int, or tree=none for chains with k=auto")
+    experiments = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    for name in cfg.get("then") or []:
+        check_choice(name, tuple(experiments), "then")
 
 
 def runtime_options(runtime: DictConfig) -> RuntimeOptions:

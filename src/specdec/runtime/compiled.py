@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from weakref import WeakKeyDictionary
 
 import torch
 from transformers import PreTrainedModel
@@ -120,6 +119,10 @@ class CompiledForward:
         self.compiled = torch.compile(own_code(type(self).run).__get__(self), fullgraph=True, dynamic=False,
                                       options={**options, "guard_filter_fn": skip_buffer_guards(model)})
         self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
+
+    def __reduce__(self):
+        """A copy of a compiled model runs eager: its runtime copies as None (Runtimes)."""
+        return type(None), ()
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's logits (B, n, V) and last hidden states (B, n, d) for tokens (B, n) at positions (B, n),
@@ -217,7 +220,37 @@ class CompiledForward:
         return out
 
 
-RUNTIMES: WeakKeyDictionary[torch.nn.Module, CompiledForward] = WeakKeyDictionary()  # models and draft heads
+class Runtimes:
+    """Each model's (or draft head's) compiled runtime, kept on the model itself. A dictionary from models to their
+    runtimes, even a weak one, keeps every compiled model alive (a runtime refers to its model), so a sweep or a bench
+    that moved on to another target kept the earlier ones, and their graphs, in memory; an attribute makes model and
+    runtime one cycle that goes when the model does. A copy of a model (copy.deepcopy, pickle) runs eager
+    (CompiledForward.__reduce__)."""
+
+    attribute = "_specdec_runtime"
+
+    def get(self, model: torch.nn.Module, default=None):
+        return vars(model).get(self.attribute) or default
+
+    def __contains__(self, model: torch.nn.Module) -> bool:
+        return self.get(model) is not None
+
+    def __getitem__(self, model: torch.nn.Module):
+        if model not in self:
+            raise KeyError(type(model).__name__)
+        return self.get(model)
+
+    def __setitem__(self, model: torch.nn.Module, runtime) -> None:
+        vars(model)[self.attribute] = runtime
+
+    def __delitem__(self, model: torch.nn.Module) -> None:
+        vars(model).pop(self.attribute)
+
+    def pop(self, model: torch.nn.Module, default=None):
+        return vars(model).pop(self.attribute, None) or default
+
+
+RUNTIMES = Runtimes()  # models and draft heads
 
 
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,

@@ -3,10 +3,13 @@ and peak memory (a process's high-water mark, or sampled over a block). Record i
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import math
 import os
 import platform
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,6 +159,20 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def release_memory(device: str = "cpu") -> None:
+    """Hand freed memory back to the system after dropping models: collect the cycles that hold them (a compiled
+    model and its runtime), trim glibc's heap (freed tensors that glibc keeps for reuse; about 0.9 GB after the
+    default pair on a CPU), and empty CUDA's cache."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+            pass
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def reset_peak_rss() -> None:
