@@ -48,9 +48,13 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def sample_counts(generate: Callable, vocab: int, n_tokens: int, seed: int, n: int = N_SAMPLES) -> torch.Tensor:
     """Histogram (vocab**n_tokens,) of n continuations drawn by generate(generator) -> tokens (n_tokens,)."""
     g = torch.Generator().manual_seed(seed)
+    return histogram([generate(g) for _ in range(n)], vocab, n_tokens)
+
+
+def histogram(continuations: list[torch.Tensor], vocab: int, n_tokens: int) -> torch.Tensor:
+    """Counts (vocab**n_tokens,) of the continuations, each n_tokens long."""
     counts = torch.zeros(vocab**n_tokens, dtype=torch.float64)
-    for _ in range(n):
-        tokens = generate(g)
+    for tokens in continuations:
         assert tokens.numel() == n_tokens
         counts[sequence_index(tokens, vocab)] += 1
     return counts
@@ -61,14 +65,9 @@ def batch_counts(generate: Callable, vocab: int, n_tokens: int, seed: int, n: in
     n token tensors (n_tokens,). Rows are independent draws (tests/test_batch_power.py), so this is the same test as
     sample_counts at a fraction of its time; the loop's one-row path keeps its own chi-square tests (the online
     choice, auto trees and other vocabularies choose for one sequence and sample with sample_counts)."""
-    g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(vocab**n_tokens, dtype=torch.float64)
-    rows = list(generate(g, n))
+    rows = list(generate(torch.Generator().manual_seed(seed), n))
     assert len(rows) == n
-    for tokens in rows:
-        assert tokens.numel() == n_tokens
-        counts[sequence_index(tokens, vocab)] += 1
-    return counts
+    return histogram(rows, vocab, n_tokens)
 
 
 def power(probs: torch.Tensor, alternative: torch.Tensor, n: int = N_SAMPLES, alpha: float = PASS) -> float:

@@ -37,9 +37,8 @@ def block_counts(target, draft, sampling: Sampling, k: int, seed: int, rule: Blo
     drafter = ModelDrafter(draft)
 
     def generate(g, n):
-        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=k,
-            sampling=sampling, max_new_tokens=N_TOKENS,
-                                    generator=g, acceptance=rule).tokens  # fmt: skip
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=k, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g, acceptance=rule).tokens  # fmt: skip
 
     return batch_counts(generate, 5, N_TOKENS, seed=seed)
 

@@ -232,9 +232,8 @@ def test_head_tree_with_a_reduced_vocabulary_keeps_the_target_distribution(small
     sampling = Sampling(1.0)
 
     def generate(g, n):
-        return tree_generate(target, drafter, PROMPT.expand(n, -1),
-            sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
-                             acceptance=rule()).tokens
+        return tree_generate(target, drafter, PROMPT.expand(n, -1), sampling=sampling,
+                             max_new_tokens=N_TOKENS, generator=g, acceptance=rule()).tokens
 
     counts = batch_counts(generate, 5, N_TOKENS, seed=7)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS

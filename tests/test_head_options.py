@@ -58,9 +58,8 @@ def test_a_bfloat16_head_keeps_the_target_distribution(small_vocab_pair, tmp_pat
     sampling = Sampling(1.0)
 
     def generate(g, n):
-        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2,
-            sampling=sampling, max_new_tokens=N_TOKENS,
-                                    generator=g).tokens
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g).tokens
 
     counts = batch_counts(generate, 5, N_TOKENS, seed=5)
     assert chi_square_pvalue(counts, sequence_distribution(target, PROMPT, N_TOKENS, sampling)) > PASS
@@ -107,9 +106,8 @@ def test_a_confident_chain_keeps_the_target_distribution(small_vocab_pair):
     sampling = Sampling(1.0)
 
     def generate(g, n):
-        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2,
-            sampling=sampling, max_new_tokens=N_TOKENS,
-                                    generator=g).tokens
+        return speculative_generate(target, drafter, PROMPT.expand(n, -1), k=2, sampling=sampling,
+                                    max_new_tokens=N_TOKENS, generator=g).tokens
 
     counts = batch_counts(generate, 5, N_TOKENS, seed=5)
     assert {0, 1} <= set(drafter.lengths)  # chains of k = 2 cut before their first and their second token

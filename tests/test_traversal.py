@@ -181,9 +181,8 @@ def traversal_counts(target, drafter, sampling, seed, n=N_SAMPLES):
     acceptance = TraversalVerification()
 
     def generate(g, n):
-        return tree_generate(target, drafter, REPEATING.expand(n, -1),
-            sampling=sampling, max_new_tokens=N_TOKENS, generator=g,
-                             acceptance=acceptance).tokens  # fmt: skip
+        return tree_generate(target, drafter, REPEATING.expand(n, -1), sampling=sampling,
+                             max_new_tokens=N_TOKENS, generator=g, acceptance=acceptance).tokens  # fmt: skip
 
     return batch_counts(generate, 5, N_TOKENS, seed=seed, n=n)
 

@@ -171,8 +171,8 @@ def test_tree_matches_target_distribution(small_vocab_pair, make, sampling):
     drafter = make(draft)
 
     def generate(g, n):
-        return tree_generate(target, drafter, REPEATING.expand(n, -1),
-            sampling=sampling, max_new_tokens=N_TOKENS, generator=g).tokens
+        return tree_generate(target, drafter, REPEATING.expand(n, -1), sampling=sampling,
+                             max_new_tokens=N_TOKENS, generator=g).tokens
 
     counts = batch_counts(generate, 5, N_TOKENS, seed=5, n=N_PASS)
     assert chi_square_pvalue(counts, sequence_distribution(target, REPEATING, N_TOKENS, sampling)) > PASS

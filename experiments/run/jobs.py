@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hydra
@@ -106,19 +106,23 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
     if cfg.skip_finished and hc.mode == RunMode.MULTIRUN and finished(run_dir, overrides):
         print(f"skipped (finished earlier, skip_finished=true): {run_dir}", flush=True)
         return
-    start_afresh(run_dir)
-    started = time.perf_counter()
-    try:
-        launch = prepare(cfg)
-        run_experiment(cfg, run_dir, overrides, pairs, launch)
-    except Exception as e:
-        record_failure(run_dir, overrides, e, time.perf_counter() - started)
-        raise
-    mark_done(run_dir, overrides, time.perf_counter() - started)
+    marked(run_dir, overrides, lambda: run_experiment(cfg, run_dir, overrides, pairs, prepare(cfg)))
     if hc.mode == RunMode.RUN:
         print(folder_line(Path(os.path.relpath(run_dir)), cfg.logger), flush=True)
         for name in cfg.then:
             run_then(name, pairs)
+
+
+def marked(run_dir: Path, overrides: list[str], run: Callable[[], object]) -> None:
+    """run() in a fresh run folder: done.json last, or failed.json with the error, re-raised."""
+    start_afresh(run_dir)
+    started = time.perf_counter()
+    try:
+        run()
+    except Exception as e:
+        record_failure(run_dir, overrides, e, time.perf_counter() - started)
+        raise
+    mark_done(run_dir, overrides, time.perf_counter() - started)
 
 
 def run_then(name: str, pairs: Pairs) -> None:
@@ -126,31 +130,21 @@ def run_then(name: str, pairs: Pairs) -> None:
     `python -m experiments.run experiment=<name>` composes it, into its own run folder (hydra.run.dir) with its config
     in .hydra/ and its log in run.log. The pair cache frees this run's models when the next loads another target."""
     from hydra import compose
-    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf, open_dict
 
     from .app import run_experiment
 
-    overrides = [f"experiment={name}"]
-    try:
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    except MissingConfigException as e:
-        raise ValueError(f"then: {e}".splitlines()[0]) from None
+    overrides = [f"experiment={name}"]  # a known name: validate checked `then` before the first run
+    cfg = compose("config", overrides=overrides, return_hydra_config=True)
     run_dir = Path(os.path.relpath(cfg.hydra.run.dir))
     with open_dict(cfg):
         del cfg["hydra"]
-    start_afresh(run_dir)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
-    started, launch = time.perf_counter(), {"launcher": "then (after a run, in its process)", "pid": os.getpid()}
-    try:
-        with log_file(run_dir / "run.log"):
-            run_experiment(cfg, run_dir, overrides, pairs, launch)
-    except Exception as e:
-        record_failure(run_dir, overrides, e, time.perf_counter() - started)
-        raise
-    mark_done(run_dir, overrides, time.perf_counter() - started)
+    launch = {"launcher": "then (after a run, in its process)", "pid": os.getpid()}
+    with log_file(run_dir / "run.log"):
+        marked(run_dir, overrides, lambda: run_experiment(cfg, run_dir, overrides, pairs, launch))
     print(folder_line(run_dir, cfg.logger), flush=True)
 
 
