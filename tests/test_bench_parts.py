@@ -178,7 +178,7 @@ def test_cross_vocab_vs_target_only_needs_only_target_only_beside_ours():
 def test_long_context_vs_short_is_the_decoding_rate_at_2048_over_64():
     """bench=context: the target's step after 2048 prompt tokens against after 64 (the prefill left out), held to its
     goal; not reported where either depth is missing."""
-    from experiments.bench.studies import context_ratios
+    from specdec.runtime.study import context_ratios
 
     rows = [{"prompt_tokens": 64, "target_step_ms_at_end": 20.0, "ar_ms_per_token": 30.0},
             {"prompt_tokens": 2048, "target_step_ms_at_end": 25.0, "ar_ms_per_token": 300.0}]
@@ -186,3 +186,28 @@ def test_long_context_vs_short_is_the_decoding_rate_at_2048_over_64():
     assert ratios == {"long_context_vs_short": 0.8}
     assert goal_entries(ratios)["long_context_vs_short"]["met"] is True
     assert context_ratios(rows[:1]) == {}
+    beside = context_ratios(rows, {"64": 30.0, "2048": 12.0})  # llama-bench's tokens/s by depth (JSON keys)
+    assert beside["llamacpp_long_context_vs_short"] == pytest.approx(0.4)
+    assert beside["ar_vs_llamacpp_f32_long"] == pytest.approx(40.0 / 12.0)  # 1000 / 25 ms over 12 tokens/s
+    assert goal_entries(beside)["ar_vs_llamacpp_f32_long"]["met"] is True
+
+
+def test_llamacpp_ratios_compare_the_default_with_its_target_only_and_its_best_speculation():
+    """bench=llamacpp: the default over llama.cpp's F32 target-only and over the faster of its speculative
+    configurations, per category and then their geometric mean; nothing without llama.cpp's contenders."""
+    from experiments.bench.ratios import llamacpp_ratios
+    from specdec.comparison import ContenderFigures
+
+    def contender(owner, drafts, chat, code):
+        return {"owner": owner, "drafts": drafts, "tokens_per_second": {"median": (chat + code) / 2},
+                "by_category": {"chat": {"median": chat}, "code": {"median": code}}}
+
+    f = ContenderFigures({"ar": contender("ours", None, 40, 40), "default": contender("ours", "model", 80, 60),
+                          "llamacpp_f32": contender("llamacpp", None, 50, 40),
+                          "llamacpp_spec_k8": contender("llamacpp", "model", 40, 60),
+                          "llamacpp_lookup": contender("llamacpp", "ngram", 55, 30)})  # fmt: skip
+    keys = llamacpp_ratios(f)
+    assert keys["default_vs_llamacpp_f32"] == pytest.approx((80 / 50 * 60 / 40) ** 0.5)
+    assert keys["ar_vs_llamacpp_f32"] == pytest.approx((40 / 50 * 40 / 40) ** 0.5)
+    assert keys["default_vs_llamacpp_speculative"] == pytest.approx((80 / 40 * 60 / 60) ** 0.5)  # k8: the better one
+    assert llamacpp_ratios(ContenderFigures({"ar": f.c["ar"], "default": f.c["default"]})) == {}

@@ -53,7 +53,7 @@ BAD = [
     (["max_new_tokens=0"], "max_new_tokens"),
     (["seed=-1"], "seed"),
     (["threads=0"], "threads"),
-    (["method=fast"], r"expected one of \[speculative, naive, autoregressive, hf, all\][\s\S]*full_key: method"),
+    (["method=fast"], r"expected one of \[speculative, naive, autoregressive, hf, llamacpp, all\][\s\S]*full_key: method"),
     (["quantization.mode=int4"], r"expected one of \[none, int8, nf4, fp4[\s\S]*full_key: quantization.mode"),
     (["quantization.applies_to=neither"],
      r"expected one of \[target, draft, both\][\s\S]*full_key: quantization.applies_to"),
@@ -87,6 +87,9 @@ BAD = [
     (["runtime=compiled", "runtime.packed_rows=[5,2]"], "runtime.packed_rows must be an integer >= 5"),
     (["runtime.name=aot"], r"expected one of \[eager, compiled, auto\][\s\S]*full_key: runtime.name"),
     (["runtime.step_graph=sometimes"], r"expected one of \[auto, always, never\][\s\S]*full_key: runtime.step_graph"),
+    (["method=llamacpp", "llamacpp.weights=q4"], "llamacpp.weights must be one of f32, bf16, q8_0, got 'q4'"),
+    (["llamacpp=speculative", "llamacpp.lookup=3"], "llamacpp.draft and llamacpp.lookup are two kinds"),
+    (["llamacpp.k=0"], r"llamacpp.k must be an integer >= 1, got 0"),
     (["then=[article_pairs]"], "then='article_pairs' is not supported; choices: article_pair, "),
 ]
 
@@ -120,7 +123,7 @@ def test_a_bad_choice_fails_the_run_in_a_message_not_a_traceback() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert "expected one of [speculative, naive, autoregressive, hf, all]" in out.stderr and "full_key: method" in out.stderr
+    assert "expected one of [speculative, naive, autoregressive, hf, llamacpp, all]" in out.stderr and "full_key: method" in out.stderr
 
 
 def test_misspelled_key_is_refused_at_composition(make_cfg) -> None:

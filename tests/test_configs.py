@@ -31,7 +31,7 @@ from specdec.runtime.tiny import tiny_model
 pytestmark = pytest.mark.xdist_group("configs")  # one worker: each command line is composed once (make_cfg's cache)
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "verify", "experiment")
+GROUPS = ("model", "quantization", "runtime", "dataset", "logger", "tree", "hf", "llamacpp", "verify", "experiment")
 
 
 NEEDS_A_TRAINED_HEAD = {("model", "smollm2_head"), ("model", "gemma3_head"), ("tree", "head")}  # experiments.train_draft makes one

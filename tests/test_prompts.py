@@ -1,4 +1,5 @@
-"""Prompt sets (specdec.prompts): rows through the template, then the category filter and the limits, in order."""
+"""Prompt sets (specdec.prompts): rows through the template, then the length and category filters and the limits, in
+order."""
 
 from __future__ import annotations
 
@@ -29,10 +30,23 @@ def test_rows_become_prompts_filtered_in_order(jsonl) -> None:
     assert unnamed[3].id == "toy-3" and unnamed[3].category == "toy"
 
 
+def test_the_length_filter_keeps_prompts_of_min_to_max_characters_before_the_limits(tmp_path) -> None:
+    """dataset=long's filter: the prompt's characters with the template applied, both ends kept, before n_prompts;
+    a filter that keeps nothing is refused, naming the lengths."""
+    path = tmp_path / "lengths.jsonl"
+    path.write_text("".join(json.dumps({"id": f"n{n}", "q": "x" * n}) + "\n" for n in (10, 3, 7, 5, 8)))
+    spec = PromptSet("toy", "json", path.name, "Q: {q}", id_field="id", min_chars=8, max_chars=10)  # 3 + n chars
+    assert [p.id for p in load_prompts(spec, tmp_path)] == ["n7", "n5"]
+    assert [p.id for p in load_prompts(PromptSet(**{**spec.__dict__, "n_prompts": 1}), tmp_path)] == ["n7"]
+    with pytest.raises(ValueError, match="gave no prompts after the filters; check its categories and lengths"):
+        load_prompts(PromptSet(**{**spec.__dict__, "min_chars": 100}), tmp_path)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"template": "{missing}"}, "template '{missing}' refers to 'missing'"),
     ({"categories": ("c",)}, r"categories: \['c'\] not in dataset toy; choices: \['a', 'b'\]"),
     ({"path": "nowhere.jsonl"}, "path: .*nowhere.jsonl does not exist"),
+    ({"source": "csv"}, "source must be one of json, hub, sharegpt, got 'csv'"),
 ])  # fmt: skip
 def test_a_bad_field_is_named(jsonl, change, message) -> None:
     spec = PromptSet(**{**PromptSet("toy", "json", jsonl.name, "{q}", category_field="kind").__dict__, **change})

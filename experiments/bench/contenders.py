@@ -53,14 +53,16 @@ class Contender:
 
     @property
     def owner(self) -> str:
-        """Whose loop: ours, or Hugging Face's (method=hf)."""
-        return "hf" if self.method == "hf" else "ours"
+        """Whose loop: ours, Hugging Face's (method=hf) or llama.cpp's (method=llamacpp)."""
+        return self.method if self.method in ("hf", "llamacpp") else "ours"
 
     @property
     def drafts(self) -> str | None:
         """What drafts: a model, a trained head, a lookup (ngram), both (hybrid), or nothing (target only)."""
         if self.method == "hf":
             return "model" if self.setup.hf.assistant else "ngram" if self.setup.hf.prompt_lookup else None
+        if self.method == "llamacpp":
+            return "model" if self.setup.llamacpp.draft else "ngram" if self.setup.llamacpp.lookup else None
         if self.method == "autoregressive":
             return None
         return draft_kind(self.setup.drafter)

@@ -49,6 +49,7 @@ def ratios(result: dict) -> tuple[dict[str, float], str | None]:
     out.update(rule_ratios(f))
     out.update(other_ratios(f, result))
     out.update(head_ratios(f, result))
+    out.update(llamacpp_ratios(f))
     chosen, goals = goal_ratios(f)
     out.update(goals)
     result["best"] = chosen
@@ -125,6 +126,15 @@ def goal_ratios(f: ContenderFigures) -> tuple[dict, dict[str, float]]:
     both = [out["vs_hf_assisted_default"], out["vs_hf_assisted_fixed_k"]]
     out["vs_hf_assisted"] = float("nan") if any(map(math.isnan, both)) else min(both)
     return chosen, out
+
+
+def llamacpp_ratios(f: ContenderFigures) -> dict[str, float]:
+    """bench=llamacpp: the default and our target-only over llama.cpp's F32 target-only, and the default over
+    llama.cpp's best speculative configuration (a draft model or a lookup), geometric means over categories."""
+    speculative = f.group("llamacpp", "model", "ngram")
+    pairs = {"default_vs_llamacpp_f32": ("default", "llamacpp_f32"), "ar_vs_llamacpp_f32": ("ar", "llamacpp_f32"),
+             "default_vs_llamacpp_speculative": ("default", f.best(speculative) if speculative else None)}
+    return {key: geomean(f.over_categories(a, b)) for key, (a, b) in pairs.items() if {a, b} <= set(f.c)}
 
 
 def output_check(runs: dict[str, dict[str, list[ClockedRun]]], sampling: Sampling, reference: str) -> dict:

@@ -1,17 +1,13 @@
 """The bench's studies, each measured by specdec.runtime.study; here the config mapped to it, goals, and the
 result written (tables: experiments.bench.table).
 
-- `bench=scaling`: milliseconds per token vs max_new_tokens and vs prompt length (scaling_study).
+- `bench=scaling` / `bench=context`: ms per token vs max_new_tokens and prompt length (scaling_study), and
+  llama-bench at the same depths where llama.cpp is built (specdec.llamacpp).
 - `bench=batch`: throughput and row latency against batch size, speculative next to target-only at the same size
-  (batch_study; batch 1 is the single-sequence loop, what a user at batch size 1 runs), with the cost model's view
-  (specdec.choose.cost.CostModel) of each batch: the k it chose and the tokens per pass it measured.
-- `bench=runtime`: what a target pass costs against its width, eager and compiled, next to the memory bound
-  (runtime_study), in an empty inductor cache. The profiles: eager; compiled with inductor's default GEMMs; compiled
-  with max_autotune's C++ GEMM template; compiled with the linears on specdec's packed kernel, with a Python or a C++
-  wrapper; eager and autotuned on a bfloat16 copy of the weights. End to end, greedy: our target-only loop and
-  speculative decoding with prompt lookup (k = 3, a 4-wide pass).
+  (batch_study), with the k the cost model chose for each batch and the tokens per pass it measured.
+- `bench=runtime`: a target pass's cost against its width, eager and compiled (conf/bench/runtime.yaml's profiles),
+  next to the memory bound, in an empty inductor cache (runtime_study); end to end, target-only and prompt lookup.
 """
-
 from __future__ import annotations
 
 import os
@@ -23,9 +19,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specdec import GREEDY, NGramDrafter, autoregressive_generate, speculative_generate
+from specdec.llamacpp import llamacpp_depths
 from specdec.prompts import Prompt
 from specdec.runtime.machine import cpu_flags, peak_memory
-from specdec.runtime.study import Loop, RuntimeProfile, batch_study, runtime_study, scaling_study
+from specdec.runtime.study import (
+    Loop,
+    RuntimeProfile,
+    batch_study,
+    context_ratios,
+    runtime_keys,
+    runtime_study,
+    scaling_study,
+)
 
 from ..records import machine, write_result
 from ..run.methods import Setup
@@ -41,21 +46,12 @@ def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command
     result = scaling_study(runs, first.pair.target, prompt, list(scaling.lengths), list(scaling.prompt_lengths),
                            cfg.seed, print)
     result.update(machine=machine(first.plan.device), command=command)
-    result["goals"] = goal_entries(context_ratios(result["by_prompt_length"]), cpu_flags(result["machine"]))
+    if scaling.get("llamacpp"):  # llama-bench's decoding rate at the same depths, where llama.cpp is built
+        result["llamacpp"] = llamacpp_depths(first.pair.target.name_or_path, list(scaling.prompt_lengths), 2)
+    rates = result.get("llamacpp", {}).get("tokens_per_s_at_depth")
+    result["goals"] = goal_entries(context_ratios(result["by_prompt_length"], rates), cpu_flags(result["machine"]))
     write_result(out, "scaling", result, scaling_table(result))
     return result
-
-
-LONG_CONTEXT, SHORT_CONTEXT = 2048, 64  # long_context_vs_short: tokens/s after this many prompt tokens over that many
-
-
-def context_ratios(by_prompt_length: list[dict]) -> dict[str, float]:
-    """long_context_vs_short: the target's decoding rate (one step, the prompt's prefill left out, as llama-bench's
-    depth runs measure it) after LONG_CONTEXT tokens over after SHORT_CONTEXT, where both were measured."""
-    ms = {row["prompt_tokens"]: row.get("target_step_ms_at_end") for row in by_prompt_length}
-    if ms.get(LONG_CONTEXT) and ms.get(SHORT_CONTEXT):
-        return {"long_context_vs_short": ms[SHORT_CONTEXT] / ms[LONG_CONTEXT]}
-    return {}
 
 
 def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictConfig, command: str, out: Path) -> dict:
@@ -100,25 +96,6 @@ def profiles_of(study: DictConfig) -> dict[str, RuntimeProfile]:
             for name, p in study.profiles.items()}  # fmt: skip
 
 
-def headline(result: dict, report: str) -> dict:
-    """The issue's bench.json keys, for the reported profile (the run's compiled runtime) against eager."""
-    p, eager = result["profiles"][report], result["profiles"]["eager"]
-    cost = p["pass_cost"]
-    compile_ = p.get("compile", {})
-    return {
-        "profile": report,
-        "pass_cost_max_width_2_to_5": max(cost[w] for w in range(2, 6) if w in cost),
-        "pass_cost_width_9": cost.get(9),
-        "target_step_vs_memory_bound": p["step_vs_memory_bound"],
-        "ar_vs_hf_plain": p["ar_tokens_per_s"] / result["hf_plain_tokens_per_s"],
-        "ar_vs_eager_ar": p["ar_tokens_per_s"] / eager["ar_tokens_per_s"],
-        "lookup_vs_target_only": p["lookup_k3_tokens_per_s"] / p["ar_tokens_per_s"],
-        "lookup_vs_eager_target_only": p["lookup_k3_tokens_per_s"] / eager["ar_tokens_per_s"],
-        "compile_seconds_cold": compile_.get("cold", {}).get("seconds"),
-        "compile_seconds_warm": compile_.get("warm", {}).get("seconds"),
-    }
-
-
 def run_runtime(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, command: str, out: Path) -> dict:
     """bench=runtime: specdec.runtime.study.runtime_study on the config's profiles in an empty inductor disk cache (so
     that 'cold' is cold), its headline keys and their goals."""
@@ -130,7 +107,7 @@ def run_runtime(setup: Setup, prompts: list[torch.Tensor], cfg: DictConfig, comm
                                repeats=study.repeats, n=n, eos=eos, log=print)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    keys = headline(result, study.report)
+    keys = runtime_keys(result, study.report)
     result.update(keys=keys, goals=runtime_goal_entries(keys), machine=machine(setup.plan.device), command=command)
     table = runtime_table(result)
     write_result(out, "runtime", result, table)

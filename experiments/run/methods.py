@@ -13,6 +13,7 @@ from specdec import Generation, autoregressive_generate, draft_then_score, specu
 from specdec.auto.setup import Prepared, prepare_decoding, tree_form
 from specdec.auto.threads import use_threads
 from specdec.hf import HFOptions, hf_generate
+from specdec.llamacpp import LlamaCppOptions, llamacpp_generate
 from specdec.verify.base import AcceptanceRule
 
 from .pair import Pair, Pairs, tree_drafter
@@ -29,6 +30,7 @@ class Setup:
     pair: Pair
     prepared: Prepared
     hf: HFOptions
+    llamacpp: LlamaCppOptions
 
     drafter = property(lambda self: self.prepared.drafter)  # the speculative drafter: the pair's, or cfg.tree's
     acceptance = property(lambda self: self.prepared.acceptance)  # how chains or trees are verified (conf/verify/)
@@ -55,6 +57,9 @@ class Setup:
             return hf_generate(pair.target, ids, sampling=plan.sampling, max_new_tokens=max_new_tokens, seed=seed,
                                eos_token_id=eos, options=self.hf, draft=pair.draft_model, tokenizer=pair.tokenizer,
                                draft_tokenizer=pair.draft_tokenizer)  # fmt: skip
+        if method == "llamacpp":  # the same prompt tokens, on llama.cpp's conversion of the target's own weights
+            return llamacpp_generate(pair.target.name_or_path, ids, sampling=plan.sampling, seed=seed,
+                                     max_new_tokens=max_new_tokens, options=self.llamacpp, stop_at_eos=stop_at_eos)
         return draft_then_score(pair.target, pair.draft_model, prompts, draft_tokenizer=pair.draft_tokenizer,
                                 target_tokenizer=pair.tokenizer, **common)  # fmt: skip
 
@@ -87,7 +92,7 @@ def setup_of(cfg: DictConfig, pairs: Pairs, plan: Plan | None = None) -> Setup:
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ConfigError(f"batch_size={plan.batch_size}: {e}" if plan.batch_size > 1 else str(e)) from e
-    return Setup(plan, pair, prepared, HFOptions(**cfg.hf))
+    return Setup(plan, pair, prepared, HFOptions(**cfg.hf), LlamaCppOptions(**cfg.llamacpp))
 
 
 def acceptance_of(cfg: DictConfig, plan: Plan) -> AcceptanceRule:

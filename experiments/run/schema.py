@@ -35,6 +35,7 @@ class Method(ConfigChoice):
     naive = "naive"  # the article's draft-then-score
     autoregressive = "autoregressive"  # the target-only baseline alone
     hf = "hf"  # Hugging Face generate (plain, assisted or prompt lookup: conf/hf/)
+    llamacpp = "llamacpp"  # llama.cpp on the target's weights (target-only, draft model or lookup: conf/llamacpp/)
     all = "all"  # speculative and naive
 
 
@@ -47,7 +48,7 @@ Quantization = choices("Quantization", *QUANTIZATIONS)
 AppliesTo = choices("AppliesTo", "target", "draft", "both")
 RuntimeName = choices("RuntimeName", "eager", "compiled", "auto")  # conf/runtime/: auto decides per run
 StepGraph = choices("StepGraph", "auto", "always", "never")  # specdec.auto.runtime.add_step_graph
-DatasetSource = choices("DatasetSource", "json", "hub")  # a JSON Lines file; a Hub dataset, streamed
+DatasetSource = choices("DatasetSource", "json", "hub", "sharegpt")  # JSON Lines file; Hub dataset, streamed; ShareGPT
 LoggerKind = choices("LoggerKind", "wandb", "none")
 WandbMode = choices("WandbMode", "offline", "online")
 IntOrAuto = int | str  # an integer or "auto"
@@ -110,6 +111,8 @@ class DatasetConfig:
     categories: list[str] | None = None
     n_per_category: int | None = None
     n_prompts: int | None = None
+    min_chars: int | None = None
+    max_chars: int | None = None
     chat: bool = True
 
 
@@ -135,6 +138,16 @@ class HfConfig:
 
 
 @dataclass
+class LlamaCppConfig:  # specdec.llamacpp.LlamaCppOptions checks the values
+    weights: str = "f32"
+    draft: str | None = None
+    lookup: int | None = None
+    k: int = 8
+    threads: int = 2
+    context: int = 8192
+
+
+@dataclass
 class RunConfig:
     model: ModelPairConfig = field(default_factory=ModelPairConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
@@ -144,6 +157,7 @@ class RunConfig:
     tree: Any = None  # a tree drafter's _target_ node (conf/tree/); empty: chains
     verify: Any = None  # the acceptance rule's _target_ node (conf/verify/)
     hf: HfConfig = field(default_factory=HfConfig)
+    llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)
     bench: Any = None  # experiments.bench only: its contenders and schedule (conf/bench/)
     method: Method = MISSING
     k: IntOrAuto = MISSING

