@@ -38,26 +38,30 @@ def kernel():
 
 
 @needs_avx512
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,n,k", [(1, 48, 16), (3, 100, 37), (8, 96, 64), (9, 7, 5), (17, 130, 48)])
-def test_packed_product_equals_the_matrix_product(kernel, rows, n, k):
-    """Any rows (tiles of 8 and a rest), outputs that fill no whole panel of 48 (masked stores), odd widths."""
+def test_packed_product_equals_the_matrix_product(kernel, rows, n, k, dtype):
+    """Any rows (tiles of 8 and a rest), outputs that fill no whole panel of 48 (masked stores), odd widths; bfloat16
+    weights are widened exactly and summed in float32."""
     torch.manual_seed(rows)
-    x, weight = torch.randn(rows, k), torch.randn(n, k)
-    y = kernel.packed_mm(x, kernel.pack(weight), n)
-    assert y.shape == (rows, n) and y.is_contiguous()
-    torch.testing.assert_close(y, x @ weight.T, atol=1e-4, rtol=1e-4)
+    x, weight = torch.randn(rows, k), torch.randn(n, k).to(dtype)
+    packed = kernel.pack(weight)
+    y = kernel.packed_mm(x, packed, n)
+    assert packed.dtype == dtype and y.shape == (rows, n) and y.is_contiguous() and y.dtype == torch.float32
+    torch.testing.assert_close(y, x @ weight.float().T, atol=1e-4, rtol=1e-4)
 
 
 @needs_avx512
-def test_a_rows_result_does_not_depend_on_the_pass_width(kernel):
-    """Each output sums over k in the same order whatever the rows: a token's logits in a pass of 9 are bit for bit
-    those of a one-token step (inductor's GEMMs differ by shape)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_result_does_not_depend_on_the_pass_width(kernel, dtype):
+    """Each output sums over k in the same order whatever the rows: a token's outputs in a pass of any width 1..16
+    are bit for bit those of a one-token step (inductor's and oneDNN's GEMMs differ by shape)."""
     torch.manual_seed(0)
-    x, weight = torch.randn(9, 200), torch.randn(150, 200)
+    x, weight = torch.randn(16, 200), torch.randn(150, 200).to(dtype)
     packed = kernel.pack(weight)
-    wide = kernel.packed_mm(x, packed, 150)
-    for row in range(9):
-        assert torch.equal(wide[row], kernel.packed_mm(x[row:row + 1], packed, 150)[0])
+    alone = torch.cat([kernel.packed_mm(x[row:row + 1], packed, 150) for row in range(16)])
+    for width in range(1, 17):
+        assert torch.equal(kernel.packed_mm(x[:width], packed, 150), alone[:width]), width
 
 
 @needs_avx512

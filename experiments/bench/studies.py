@@ -48,8 +48,8 @@ def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command
     result.update(machine=machine(first.plan.device), command=command)
     if scaling.get("llamacpp"):  # llama-bench's decoding rate at the same depths, where llama.cpp is built
         result["llamacpp"] = llamacpp_depths(first.pair.target.name_or_path, list(scaling.prompt_lengths), 2)
-    rates = result.get("llamacpp", {}).get("tokens_per_s_at_depth")
-    result["goals"] = goal_entries(context_ratios(result["by_prompt_length"], rates), cpu_flags(result["machine"]))
+    result["ratios"] = context_ratios(result["by_prompt_length"], result.get("llamacpp", {}).get("tokens_per_s_at_depth"))
+    result["goals"] = goal_entries(result["ratios"], cpu_flags(result["machine"]))
     write_result(out, "scaling", result, scaling_table(result))
     return result
 
@@ -81,12 +81,9 @@ def run_batching(contenders: dict, prompts: list[Prompt], ids: dict, cfg: DictCo
 
 def loops(n: int, eos: list[int]) -> dict[str, Loop]:
     """The end-to-end loops: our target-only loop (`ar`) and prompt lookup at k = 3 (`lookup_k3`), greedy."""
-    return {
-        "ar": lambda model, ids: autoregressive_generate(model, ids, sampling=GREEDY, max_new_tokens=n,
-                                                         eos_token_id=eos).tokens,
-        "lookup_k3": lambda model, ids: speculative_generate(model, NGramDrafter(), ids, k=3, sampling=GREEDY,
-                                                             max_new_tokens=n, eos_token_id=eos).tokens,
-    }  # fmt: skip
+    common = {"sampling": GREEDY, "max_new_tokens": n, "eos_token_id": eos}
+    return {"ar": lambda model, ids: autoregressive_generate(model, ids, **common).tokens,
+            "lookup_k3": lambda model, ids: speculative_generate(model, NGramDrafter(), ids, k=3, **common).tokens}
 
 
 def profiles_of(study: DictConfig) -> dict[str, RuntimeProfile]:

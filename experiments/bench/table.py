@@ -72,8 +72,9 @@ def contenders_section(result: dict) -> list[str]:
     for name, f in result["contenders"].items():
         t, st = f["tokens_per_second"], f.get("stats") or {}
         rss = result.get("memory", {}).get(name, {}).get("peak_rss_mb")
-        rows.append([name, t["median"], t["min"], t["max"], f"{100 * f['model_forward_share']:.0f}%",
-                     " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values()),
+        ours = f.get("owner") != "llamacpp"  # llama.cpp runs none of our models: no forwards to clock
+        rows.append([name, t["median"], t["min"], t["max"], f"{100 * f['model_forward_share']:.0f}%" if ours else "-",
+                     " / ".join(f"{v:.2f}" for v in f["forwards_per_token"].values()) if ours else "-",
                      cell(st.get("mean_accepted_length"), "{:.2f}"), cell(st.get("alpha"), "{:.3f}"),
                      cell(rss, "{:.0f}")])  # fmt: skip
     columns = ["contender", "tok/s median", "min", "max", "time in model forwards", "target / draft forwards per token",
@@ -185,9 +186,13 @@ def batch_table(result: dict) -> str:
 
 def scaling_table(result: dict) -> str:
     goals = [[key, cell(g["value"]), g["target"], g["met"]] for key, g in result.get("goals", {}).items()]
+    depths = [[d, r] for d, r in result.get("llamacpp", {}).get("tokens_per_s_at_depth", {}).items()]
     return document([line for key in ("by_max_new_tokens", "by_prompt_length")
                      for line in section(f"### {key}", list(result[key][0]),
                                          [list(r.values()) for r in result[key]], "{:.1f}")]
+                    + (section("### llama.cpp F32, llama-bench", ["context tokens", "decode tokens/s"], depths, "{:.1f}")
+                       if depths else [])
+                    + section("### ratios", ["ratio", "value"], [[k, cell(v)] for k, v in result.get("ratios", {}).items()])
                     + (section("### goals", ["goal", "value", "target", "met"], goals) if goals else []))  # fmt: skip
 
 

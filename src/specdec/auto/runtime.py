@@ -44,6 +44,8 @@ class RuntimeOptions:
     cpp_wrapper: bool = False
     cuda_graphs: bool = True
     dynamic_width: bool = False
+    invariant: bool | None = None  # attention in compiled passes as row-wise sums (with packed_rows: batch-invariant
+    # passes); None: for bfloat16 and float16 models, where SDPA's rounding parts greedy outputs at near-ties
     step_graph: str = NEVER  # a 1-token graph next to widths: always, never or auto (add_step_graph)
     window: int = WINDOW
     drafts: bool = False  # draft models run compiled too (a packed int8 copy does whatever this says)

@@ -10,6 +10,13 @@ It also reads only the slots its mask covers: the compiled runtime's cache is a 
 masks cover a window of the slots in use (rounded up to a multiple of WINDOW, one graph for every window), not the
 whole buffer.
 
+Batch-invariant passes (`rowwise=True`): inside a compiled pass, attention as row-wise sums instead of SDPA's
+matrix products, whose kernels sum in an order that depends on the number of query rows (in bfloat16, a position's
+logits then differ between a one-token step and a verification pass, and greedy outputs part at near-ties). Each
+score sums over d, each output over the window's slots, in one order per row whatever the pass's width: with the
+linears on the packed kernel (itself batch-invariant), a position's logits have the same bits in a step and in any
+pass up to the packed rows (tests/test_invariance.py). Prompts (prefill, shared by every method) keep SDPA.
+
 `use_grouped_attention(model)` switches a CPU model on SDPA to it (registered with transformers' attention and mask
 interfaces as GROUPED); `as_shipped(model)` gives a block of code the model's own attention and linears back
 (Hugging Face's generate, timed as the outside reference).
@@ -40,20 +47,41 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
                                       **kwargs)
     window = attention_mask.shape[-1]
     key, value = key[:, :, :window], value[:, :, :window]  # views: the slots past the window are never read
+    if getattr(module, "rowwise", False) and torch.compiler.is_compiling():
+        return rowwise_attention(query, key, value, attention_mask, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                      scaling: float | None) -> torch.Tensor:
+    """softmax(q k^T * scaling + mask) v as sums in float32, no matrix product: query (B, H, n, d), key and value
+    (B, H_kv, K, d) (the window), mask (B, 1 or H, n, K) boolean (True: attend) or additive; (B, n, H, d) in query's
+    dtype. Under torch.compile the products and sums fuse into loops that sum each output in one order whatever n."""
+    B, H, n, d = query.shape
+    H_kv, K = key.shape[1], key.shape[2]
+    q = query.float().view(B, H_kv, H // H_kv, n, 1, d)  # each group of query heads over its key/value head
+    scores = (q * key.float()[:, :, None, None]).sum(-1) * (d**-0.5 if scaling is None else scaling)  # (B, H_kv, g, n, K)
+    mask = mask.view(B, 1, 1, n, K) if mask.shape[1] == 1 else mask.view(B, H_kv, H // H_kv, n, K)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    p = torch.softmax(scores, dim=-1)
+    out = (p[..., None] * value.float()[:, :, None, None]).sum(-2)  # (B, H_kv, g, n, d)
+    return out.view(B, H, n, d).to(query.dtype).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(GROUPED, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED, sdpa_mask)  # the same boolean masks as SDPA's
 
 
-def use_grouped_attention(model: PreTrainedModel) -> bool:
-    """Switch a CPU model on SDPA to grouped_sdpa; whether it did."""
+def use_grouped_attention(model: PreTrainedModel, rowwise: bool = False) -> bool:
+    """Switch a CPU model on SDPA to grouped_sdpa (rowwise: its compiled passes batch-invariant); whether it did."""
     if model.config._attn_implementation != "sdpa" or model.device.type != "cpu":
         return False
     model.set_attn_implementation(GROUPED)
+    for module in model.modules():
+        if hasattr(module, "q_proj"):  # an attention layer: grouped_sdpa reads the setting from it
+            module.rowwise = rowwise
     return True
 
 

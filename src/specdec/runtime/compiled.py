@@ -256,18 +256,23 @@ RUNTIMES = Runtimes()  # models and draft heads
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
                   cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
-                  dynamic_width: bool = False) -> CompiledForward:
+                  dynamic_width: bool = False, invariant: bool | None = None) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
     the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not.
     window: attention's window of the cache (CompiledForward.window; 0: every slot). cuda_graphs: on a GPU, a pass
     seen before on a cache replays as a CUDA graph (specdec.runtime.graphs). dynamic_width: on a CPU, one graph for
-    every width up to the widest (CompiledForward)."""
+    every width up to the widest (CompiledForward). invariant: on a CPU, attention in compiled passes as row-wise
+    sums (specdec.runtime.attention.rowwise_attention): with packed linears, batch-invariant passes; None: for a
+    bfloat16 or float16 model (in float32 SDPA's rounding differences stay below what flips a greedy token in
+    practice, and row-wise sums cost more at long contexts: docs/performance.md)."""
     check_compilable(model)
-    if use_grouped_attention(model):
-        log.info("%s: attention reads each key/value head in place%s", type(model).__name__,
-                 f", over the slots in use rounded up to {window}" if window else "")
+    invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
+    if use_grouped_attention(model, rowwise=invariant):
+        log.info("%s: attention reads each key/value head in place%s%s", type(model).__name__,
+                 f", over the slots in use rounded up to {window}" if window else "",
+                 "; compiled passes batch-invariant (row-wise sums)" if invariant else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()

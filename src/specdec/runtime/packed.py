@@ -4,8 +4,10 @@ Inductor's C++ GEMM reads a layer's weights once for a pass of 1-4 rows, but fro
 third of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps (docs/performance.md). The packed
 kernel streams each weight panel once, prefetching ahead of itself, and keeps up to 8 rows of outputs in registers,
 so its cost stays near one read of the weights up to 8 rows (1.03 one-row passes at 5 rows, 1.13 at 8 on a 2-core
-Xeon). `pack_linears` swaps a model's float32 linears for PackedLinear, which calls it for passes of `rows` (first,
-last) rows and keeps F.linear outside them (a prompt). A packed model holds its linear weights twice (the packed
+Xeon). `pack_linears` swaps a model's float32 or bfloat16 linears for PackedLinear, which calls it for passes of
+`rows` (first, last) rows and keeps F.linear outside them (a prompt). A bfloat16 linear's panels stay bfloat16 (half
+the bytes) and its rows are summed in float32, then rounded to bfloat16. The kernel is batch-invariant: a row's
+output does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights twice (the packed
 panels next to the parameters, which prompts and tied embeddings still read). `packed_int8_copy` makes a weight-only
 int8 copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its
 target at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the
@@ -86,7 +88,8 @@ class PackedLinear(torch.nn.Module):
         n = x.numel() // self.in_features  # rows of this pass (static under torch.compile)
         if not self.rows[0] <= n <= self.rows[1]:
             return F.linear(x, self.weight, self.bias)
-        return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_mm(rows, self.packed, self.out_features))
+        return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_mm(rows.float(), self.packed,
+                                                                              self.out_features).to(x.dtype))
 
 
 class PackedInt8Linear(torch.nn.Module):
@@ -123,17 +126,18 @@ def children_where(model: torch.nn.Module, keep) -> list[tuple[torch.nn.Module, 
             if keep(child)]
 
 
-def float32_cpu_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
-    """(parent, attribute name, child) of every plain float32 nn.Linear on the CPU: what the packed kernel takes."""
+def cpu_linears(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+                ) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:  # fmt: skip
+    """(parent, attribute name, child) of every plain nn.Linear on the CPU whose weight has one of `dtypes`."""
     return children_where(model, lambda child: type(child) is torch.nn.Linear
-                          and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu")
+                          and child.weight.dtype in dtypes and child.weight.device.type == "cpu")
 
 
 def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
-    """Swap every float32 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
+    """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
-    swaps = float32_cpu_linears(model)
+    swaps = cpu_linears(model, (torch.float32, torch.bfloat16))
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, rows))
     return len(swaps)
@@ -146,7 +150,7 @@ def packed_int8_copy(model: torch.nn.Module) -> int:
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"quantization='packed_int8' runs on the packed kernel: {reason}")
-    swaps = float32_cpu_linears(model)
+    swaps = cpu_linears(model)
     for parent, name, child in swaps:
         setattr(parent, name, PackedInt8Linear(child))
     return len(swaps)
@@ -195,7 +199,7 @@ def repack_linears(swaps: list[tuple[torch.nn.Module, str, PackedLinear]]) -> No
 
 
 def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int]) -> None:
-    """Swap the model's float32 CPU linears for packed ones, or say why not."""
+    """Swap the model's float32 and bfloat16 CPU linears for packed ones, or say why not."""
     reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
     if reason:
         log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)

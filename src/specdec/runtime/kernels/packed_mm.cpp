@@ -1,5 +1,10 @@
 // A small-row matrix product for verification passes and draft steps: y (M, N) = x (M, K) @ W^T, W (N, K), x and
-// y float32; W float32, or int8 with one float32 scale per output (weight-only quantization: W = scale * q).
+// y float32; W float32, bfloat16 (widened to float32 exactly, half the bytes to read), or int8 with one float32 scale
+// per output (weight-only quantization: W = scale * q).
+//
+// Batch-invariant: row m of y is a function of row m of x and W alone. Each output sums over k in order, in one
+// float32 register lane, whatever M is and whichever tile the row falls in, so a position's logits have the same bits
+// in a one-token step and inside a verification pass of any width.
 //
 // A pass of a few tokens should cost what reading the weights once costs. W is packed once into column panels
 // of 48 outputs, (ceil(N / 48), K, 48), so that each panel is one contiguous stream; a thread walks its panels,
@@ -43,6 +48,10 @@ inline void prefetch_row(const W* row, int hint_l1) {  // the cache lines of one
 }
 
 inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load16(const at::BFloat16* w) {  // 16 bfloat16 weights widened to float32: their bits, shifted up
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
 inline __m512 load16(const int8_t* w) {  // 16 int8 weights widened to float32
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
 }
@@ -100,7 +109,8 @@ at::Tensor panels_of(const at::Tensor& weight) {  // (N, K) -> (ceil(N / 48), K,
 }
 
 at::Tensor pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "pack takes a 2D float32 weight");
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
+              "pack takes a 2D float32 or bfloat16 weight");
   return panels_of(weight);
 }
 
@@ -140,7 +150,8 @@ at::Tensor product(const at::Tensor& input, const at::Tensor& packed, const floa
 }
 
 at::Tensor packed_mm(const at::Tensor& input, const at::Tensor& packed, int64_t N) {
-  TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed_mm takes a float32 packed weight (pack)");
+  if (packed.scalar_type() == at::kBFloat16) return product<at::BFloat16>(input, packed, nullptr, N);
+  TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed_mm takes a float32 or bfloat16 packed weight (pack)");
   return product<float>(input, packed, nullptr, N);
 }
 
