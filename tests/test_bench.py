@@ -101,8 +101,9 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
     own_bench = {"default_under_load_vs_target_only", "cross_vocab_vs_hf_uag", "cross_vocab_vs_target_only",
                  "batched_min_vs_target_only",
                  "batched_b4_vs_target_only", "head_vs_best_copy", "head_tokens_per_pass", "head_c",
-                 "gemma3_head_vs_target_only", "long_context_vs_short"}  # the load scenario, bench=cross,
-    # bench=batch, bench=heads, bench=context
+                 "gemma3_head_vs_target_only", "long_context_vs_short", "ar_vs_llamacpp_f32_long",
+                 "default_vs_llamacpp_f32", "default_vs_llamacpp_speculative"}  # the load scenario, bench=cross,
+    # bench=batch, bench=heads, bench=context, bench=llamacpp
     for key in set(GOALS) - own_bench:
         assert key in bench_result["ratios"], key
         assert set(bench_result["goals"][key]) >= {"value", "target", "met"}
