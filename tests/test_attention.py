@@ -44,6 +44,7 @@ def test_as_shipped_gives_back_the_models_own_attention_and_linears():
     assert model.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.exhaustive  # two models compiled (30 s of make test's one inductor worker); make test-all keeps it
 def test_two_models_of_one_shape_keep_their_own_graphs_and_no_guard_on_their_buffers():
     """The compiled runtime skips the guards its graphs share: two models with graphs of the same shapes, called in
     turn, must still each run their own. Dynamo keeps the graphs of one code object together and checks a call
