@@ -31,6 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.comparison import contender_figures, pairwise
+from specdec.llamacpp import engine
 from specdec.runtime.machine import cpu_flags
 from specdec.runtime.models import encode_prompt
 from specdec.runtime.study import ClockedRun, ForwardClock, interleaved_runs, pass_costs
@@ -110,8 +111,7 @@ def command_line() -> tuple[list[str], str]:
 
 
 def selected(b: DictConfig) -> list[str] | None:
-    """The contenders a bench builds (None: all): the reference alone for the runtime study, a memory or load run's
-    one, a study's own, else `bench.only` and the default run."""
+    """Contenders to build (None: all): the runtime study's reference; a memory/load run's; a study's; else bench.only."""
     study = b.scaling or b.get("batching")
     if b.get("runtime_study"):
         return [b.reference]
@@ -164,6 +164,8 @@ def bench(cfg: DictConfig) -> dict:
     if b.memory:
         result["memory"] = {name: memory_of(name, base, out) for name in result["contenders"]}
     result.update(machine=machine(default.plan.device), command=command)
+    owners = {c["owner"] for c in result["contenders"].values()}
+    result.update({"llamacpp": engine().record()} if "llamacpp" in owners else {})  # the build: version, options
     table = bench_table(result)
     write_result(out, "bench", result, table)
     print(table)

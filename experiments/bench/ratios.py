@@ -129,8 +129,7 @@ def goal_ratios(f: ContenderFigures) -> tuple[dict, dict[str, float]]:
 
 
 def llamacpp_ratios(f: ContenderFigures) -> dict[str, float]:
-    """bench=llamacpp: the default and our target-only over llama.cpp's F32 target-only, and the default over
-    llama.cpp's best speculative configuration (a draft model or a lookup), geometric means over categories."""
+    """bench=llamacpp: the default (and target-only) over llama.cpp's F32 target-only and its best speculation."""
     speculative = f.group("llamacpp", "model", "ngram")
     pairs = {"default_vs_llamacpp_f32": ("default", "llamacpp_f32"), "ar_vs_llamacpp_f32": ("ar", "llamacpp_f32"),
              "default_vs_llamacpp_speculative": ("default", f.best(speculative) if speculative else None)}
