@@ -46,8 +46,8 @@ def run_scaling(contenders: dict, prompt: torch.Tensor, cfg: DictConfig, command
     result = scaling_study(runs, first.pair.target, prompt, list(scaling.lengths), list(scaling.prompt_lengths),
                            cfg.seed, print)
     result.update(machine=machine(first.plan.device), command=command)
-    if scaling.get("llamacpp"):  # llama-bench's decoding rate at the same depths, where llama.cpp is built
-        result["llamacpp"] = llamacpp_depths(first.pair.target.name_or_path, list(scaling.prompt_lengths), 2)
+    if scaling.get("llamacpp"):  # llama-bench's decoding rate at the same depths (llama.cpp's threads), where built
+        result["llamacpp"] = llamacpp_depths(first.pair.target.name_or_path, scaling.prompt_lengths, cfg.llamacpp.threads)
     result["ratios"] = context_ratios(result["by_prompt_length"], result.get("llamacpp", {}).get("tokens_per_s_at_depth"))
     result["goals"] = goal_entries(result["ratios"], cpu_flags(result["machine"]))
     write_result(out, "scaling", result, scaling_table(result))

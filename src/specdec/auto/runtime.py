@@ -123,6 +123,8 @@ def put_on_runtime(model: PreTrainedModel | None, runtime: RuntimeOptions, *, de
     if not compiles(runtime, device, max_new_tokens, model, report):
         return
     settings = {**runtime.compile_settings(), **({"widths": (1,), "dynamic_width": False} if steps else {})}
+    if draft and runtime.invariant is None:  # batch invariance is the target's: a draft's numerics never change outputs
+        settings["invariant"] = False
     add_step_graph(runtime.step_graph, compile_model(model, **settings), model, report)
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
