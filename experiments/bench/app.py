@@ -50,8 +50,8 @@ from .table import bench_table
 
 def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict[str, torch.Tensor], *, max_new_tokens: int,
               repetitions: int = 1, seed: int = 0, pass_widths: int = 17, reference: str = "ar",
-              pairs: dict[str, list[str]] | None = None, log: Callable[[str], None] = lambda s: None,
-              load: dict | None = None, failures: Failures | None = None, out: Path | None = None) -> dict:  # fmt: skip
+              pairs: dict[str, list[str]] | None = None, agreements: dict[str, str] | None = None,
+              log: Callable[[str], None] = lambda s: None, load: dict | None = None, failures: Failures | None = None, out: Path | None = None) -> dict:  # fmt: skip
     """Interleaved repetitions of every contender on every prompt (ids: prompt id -> (1, L)), clocked inside each
     model (specdec.runtime.study.interleaved_runs); bench.json. failures: contenders that raised (while built, or
     here: it then runs no more); out: where each contender's figures are written as soon as it finished
@@ -93,7 +93,9 @@ def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict
     result["ratios"], result["best_configuration"] = ratios(result)
     result["pairwise"] = pairwise(result["contenders"], pairs or {})
     present = cpu_flags(machine(plan.device))
-    result["goals"] = goal_entries(result["ratios"], present, s.greedy)
+    agreed = result["greedy_check"].get("agreement", {})  # bench.agreements: {key: contender}, its agreement
+    measured = {**result["ratios"], **result["pairwise"], **{k: agreed[n] for k, n in (agreements or {}).items() if n in agreed}}
+    result["goals"] = goal_entries(measured, present, s.greedy)
     mark_not_measured(result["goals"], failures.failed, present, s.greedy, ISSUE_9)
     annotate_goals(result["goals"], result["best"], k, result["contenders"])
     calibration = default.pair.calibration
@@ -157,8 +159,8 @@ def bench(cfg: DictConfig) -> dict:
                          for name in b.load.contenders}}  # fmt: skip
     result = run_bench(
         contenders, prompts, ids, max_new_tokens=cfg.max_new_tokens, repetitions=b.repetitions, seed=cfg.seed,
-        pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, log=lambda s: print(s, flush=True),
-        load=load, failures=failures, out=out,
+        pass_widths=b.pass_widths, reference=b.reference, pairs=b.pairwise, agreements=b.get("agreements"),
+        log=lambda s: print(s, flush=True), load=load, failures=failures, out=out,
     )  # fmt: skip
     result["settings"].update(model=cfg.model.name, dataset=cfg.dataset.name)
     if b.memory:

@@ -119,24 +119,15 @@ def run_keys(cfg: DictConfig, setup: Setup) -> dict:
         "draft_cost": pair.drafter.draft_cost,  # per_token: a draft model; per_call: a lookup
         "target_quantization": pair.target_quantization,
         "draft_quantization": pair.draft_quantization,
-        "method": cfg.method,
-        "k": cfg.k,
-        "k_max": cfg.k_max,
+        "method": cfg.method, "k": cfg.k, "k_max": cfg.k_max,
         "tree": type(setup.drafter).__name__ if trees else "none",
         "verify": type(setup.acceptance).__name__,  # the acceptance rule
         "tree_node_budget": cfg.tree.get("nodes") if trees else None,  # rows hold tree_nodes per round
         "tree_depth": cfg.tree.get("depth") if trees else None,
-        "temperature": float(cfg.temperature),
-        "top_k": cfg.top_k,
-        "top_p": float(cfg.top_p),
-        "max_new_tokens": cfg.max_new_tokens,
-        "batch_size": cfg.batch_size,
-        "seed": cfg.seed,
-        "dataset": cfg.dataset.name,
-        "device": cfg.device,
-        "dtype": cfg.dtype,
-        "threads": torch.get_num_threads(),
-    }
+        "temperature": float(cfg.temperature), "top_k": cfg.top_k, "top_p": float(cfg.top_p),
+        "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "dataset": cfg.dataset.name, "device": cfg.device, "dtype": cfg.dtype, "threads": torch.get_num_threads(),
+    }  # fmt: skip
 
 
 def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:

@@ -50,14 +50,19 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "ar") -> dict:
     """Greedy decoding is deterministic and lossless: every loop must emit the reference's tokens; outputs: each loop's
-    tokens by input. The mismatches name the loop (`contender`), the input (`prompt`) and the first difference."""
-    mismatches = []
+    tokens by input. The mismatches name the loop (`contender`), the input (`prompt`) and the first difference.
+    The agreements: each loop's mean over inputs of its agreement with the reference (specdec.quality.agreement)."""
+    mismatches, agreements = [], {}
     for name, per_input in outputs.items():
+        shares = []
         for key, tokens in per_input.items():
-            at = first_difference(tokens, outputs[reference][key])
+            theirs = outputs[reference][key]
+            at = first_difference(list(tokens), list(theirs))
+            shares.append(1.0 if at is None else at / max(len(tokens), len(theirs)))
             if at is not None:
                 mismatches.append({"contender": name, "prompt": key, "first_difference": at})
-    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches}
+        agreements[name] = sum(shares) / len(shares) if shares else float("nan")
+    return {"identical": not mismatches, "reference": reference, "mismatches": mismatches, "agreement": agreements}
 
 
 def distinct_n(tokens: list[int], n: int = 2) -> float:
