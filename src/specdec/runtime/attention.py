@@ -10,12 +10,19 @@ It also reads only the slots its mask covers: the compiled runtime's cache is a 
 masks cover a window of the slots in use (rounded up to a multiple of WINDOW, one graph for every window), not the
 whole buffer.
 
-Batch-invariant passes (`rowwise=True`): inside a compiled pass, attention as row-wise sums instead of SDPA's
-matrix products, whose kernels sum in an order that depends on the number of query rows (in bfloat16, a position's
-logits then differ between a one-token step and a verification pass, and greedy outputs part at near-ties). Each
-score sums over d, each output over the window's slots, in one order per row whatever the pass's width: with the
-linears on the packed kernel (itself batch-invariant), a position's logits have the same bits in a step and in any
-pass up to the packed rows (tests/test_invariance.py). Prompts (prefill, shared by every method) keep SDPA.
+Batch-invariant passes (`rowwise=True`): inside a compiled pass, attention on a kernel of our own
+(kernels/window_attention.cpp, torch.ops.specdec.window_attention) instead of SDPA's matrix products, whose kernels
+sum in an order that depends on the number of query rows (in bfloat16, a position's logits then differ between a
+one-token step and a verification pass, and greedy outputs part at near-ties). It sums each score over d, and each
+output over the window's slots in chunks combined in order, in one order per row whatever the pass's width, and it
+reads the cache once at memory speed (each key/value head in place, keys and values of a bfloat16 cache as bfloat16).
+With the linears on the packed kernel (itself batch-invariant), a position's logits have the same bits in a step and
+in any pass up to the packed rows (tests/test_invariance.py). Where the kernel cannot run (no AVX-512), the same sums
+as torch operations that inductor fuses (rowwise_attention), which cost more after long contexts. Batched passes
+(several sequences) keep rowwise_attention too: with the kernel, a bfloat16 batch of three ragged rows parted from
+target-only's greedy output once the one-graph-for-every-width build fell back to a graph per bucket (the kernel alone
+passes the same batch, eager and with graphs per bucket; the cause is not found yet). Prompts (prefill, shared by
+every method) keep SDPA.
 
 `use_grouped_attention(model)` switches a CPU model on SDPA to it (registered with transformers' attention and mask
 interfaces as GROUPED); `as_shipped(model)` gives a block of code the model's own attention and linears back
@@ -25,6 +32,8 @@ interfaces as GROUPED); `as_shipped(model)` gives a block of code the model's ow
 from __future__ import annotations
 
 import contextlib
+import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GROUPED = "sdpa_grouped"  # the attention implementation's name in transformers' registries
+KERNEL = Path(__file__).parent / "kernels" / "window_attention.cpp"
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -48,10 +58,31 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     window = attention_mask.shape[-1]
     key, value = key[:, :, :window], value[:, :, :window]  # views: the slots past the window are never read
     if getattr(module, "rowwise", False) and torch.compiler.is_compiling():
+        kernel = getattr(module, "window_kernel", False) and query.dtype in (torch.float32, torch.bfloat16)
+        if kernel and query.shape[0] == 1 and query.shape[-1] <= 256:  # one sequence (batches: see the docstring)
+            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+            return torch.ops.specdec.window_attention(query, key, value, attention_mask, scale), None
         return rowwise_attention(query, key, value, attention_mask, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def window_kernel() -> bool:
+    """Whether torch.ops.specdec.window_attention runs here: built (once per machine, into the specdec cache folder)
+    and loaded; False where the CPU has no AVX-512 (kernels/window_attention.cpp)."""
+    from .packed import build_library, unavailable_reason
+
+    if unavailable_reason() is not None:
+        return False
+    build_library("specdec_window_attention", KERNEL, ("-mavx512bw", "-mavx512vl"))
+
+    @torch.library.register_fake("specdec::window_attention")
+    def _(query, key, value, mask, scale):  # shapes for the compiler: (B, n, H, d)
+        return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+    return True
 
 
 def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
@@ -79,9 +110,10 @@ def use_grouped_attention(model: PreTrainedModel, rowwise: bool = False) -> bool
     if model.config._attn_implementation != "sdpa" or model.device.type != "cpu":
         return False
     model.set_attn_implementation(GROUPED)
+    kernel = rowwise and window_kernel()  # loaded now, not while a graph is traced
     for module in model.modules():
-        if hasattr(module, "q_proj"):  # an attention layer: grouped_sdpa reads the setting from it
-            module.rowwise = rowwise
+        if hasattr(module, "q_proj"):  # an attention layer: grouped_sdpa reads the settings from it
+            module.rowwise, module.window_kernel = rowwise, kernel
     return True
 
 

@@ -263,8 +263,8 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     the packed kernel (specdec.runtime.packed), where the CPU has one; elsewhere one logged line says why not.
     window: attention's window of the cache (CompiledForward.window; 0: every slot). cuda_graphs: on a GPU, a pass
     seen before on a cache replays as a CUDA graph (specdec.runtime.graphs). dynamic_width: on a CPU, one graph for
-    every width up to the widest (CompiledForward). invariant: on a CPU, attention in compiled passes as row-wise
-    sums (specdec.runtime.attention.rowwise_attention): with packed linears, batch-invariant passes; None: for a
+    every width up to the widest (CompiledForward). invariant: on a CPU, attention in compiled passes on a kernel that
+    sums each row in one order (specdec.runtime.attention): with packed linears, batch-invariant passes; None: for a
     bfloat16 or float16 model (in float32 SDPA's rounding differences stay below what flips a greedy token in
     practice, and row-wise sums cost more at long contexts: docs/performance.md)."""
     check_compilable(model)
@@ -272,7 +272,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     if use_grouped_attention(model, rowwise=invariant):
         log.info("%s: attention reads each key/value head in place%s%s", type(model).__name__,
                  f", over the slots in use rounded up to {window}" if window else "",
-                 "; compiled passes batch-invariant (row-wise sums)" if invariant else "")
+                 "; compiled passes batch-invariant (window attention kernel)" if invariant else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()

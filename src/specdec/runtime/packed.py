@@ -48,9 +48,9 @@ def ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-@functools.cache
-def load_kernel() -> None:
-    """Build (once per machine, then load) the kernel library, which registers torch.ops.specdec.pack/packed_mm."""
+def build_library(name: str, source: Path, flags: tuple[str, ...] = ()) -> None:
+    """Build (once per machine, into the specdec cache folder) and load a kernel library of ours, which registers
+    its torch.ops.specdec operators (flags: further compiler flags); a RuntimeError where the CPU cannot run it."""
     from torch.utils.cpp_extension import load
 
     from .offline import cache_dir
@@ -61,8 +61,15 @@ def load_kernel() -> None:
     ninja_on_path()
     build = cache_dir() / "kernels"
     build.mkdir(parents=True, exist_ok=True)
-    load(name="specdec_packed_mm", sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
-         extra_cflags=["-O3", "-mavx512f", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])  # OpenMP: at::parallel_for
+    cflags = ["-O3", "-mavx512f", "-mfma", "-fopenmp", *flags]  # OpenMP: at::parallel_for
+    load(name=name, sources=[str(source)], build_directory=str(build), is_python_module=False, extra_cflags=cflags,
+         extra_ldflags=["-fopenmp"])
+
+
+@functools.cache
+def load_kernel() -> None:
+    """Build (once per machine, then load) the kernel library, which registers torch.ops.specdec.pack/packed_mm."""
+    build_library("specdec_packed_mm", SOURCE)
 
     @torch.library.register_fake("specdec::packed_mm")
     def _(input, packed, n):  # shapes for the compiler

@@ -1,0 +1,47 @@
+"""The window attention kernel (kernels/window_attention.cpp) of batch-invariant compiled passes: softmax attention
+of a few query rows over a window of the cache, next to SDPA, and a row's bits independent of the other rows and of
+masked slots past its own (a wider pass's window)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.runtime.attention import window_kernel
+from specdec.runtime.packed import unavailable_reason
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+SHAPES = [(1, 9, 3, 1, 64, 64), (1, 9, 3, 5, 64, 600), (2, 4, 1, 3, 256, 300), (1, 4, 2, 16, 8, 40)]  # B H H_kv n d K
+
+
+def window(shape, dtype, seed=0):
+    """Query rows, a window of K slots of a longer cache buffer (a view, as the compiled runtime passes it), a mask."""
+    B, H, H_kv, n, d, K = shape
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, n, d, generator=g).to(dtype)
+    buffer = torch.randn(2, B, H_kv, K + 80, d, generator=g).to(dtype)
+    buffer[..., K:, :] = float("nan")  # slots past the window: never read
+    mask = torch.rand(B, 1, n, K, generator=g) > 0.3
+    mask[..., 0] = True
+    return q, buffer, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_window_attention_is_sdpa_and_each_rows_bits_are_its_own(shape, dtype):
+    assert window_kernel()
+    op = torch.ops.specdec.window_attention
+    q, buffer, mask = window(shape, dtype)
+    K = mask.shape[-1]
+    k, v = buffer[0, :, :, :K], buffer[1, :, :, :K]
+    out = op(q, k, v, mask, 0.125)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125,
+                                              enable_gqa=True).transpose(1, 2)  # fmt: skip
+    assert out.dtype == dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=1e-2)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert torch.equal(op(q, k, v, additive, 0.125), out)  # the same mask, additive
+    for i in range(q.shape[2]):  # one row alone (a step) has the bits it has among the others (a pass)
+        assert torch.equal(op(q[:, :, i : i + 1], k, v, mask[:, :, i : i + 1], 0.125)[:, 0], out[:, i])
+    wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 70, dtype=torch.bool)], -1)  # a wider pass's window
+    buffer[..., K:, :] = torch.randn(buffer[..., K:, :].shape).to(dtype)
+    assert torch.equal(op(q, buffer[0, :, :, : K + 70], buffer[1, :, :, : K + 70], wider, 0.125), out)
