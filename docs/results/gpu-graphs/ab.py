@@ -25,9 +25,10 @@ import torch
 
 from specdec import GREEDY, ModelDrafter, autoregressive_generate, speculative_generate
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.compiled import build_graphs, compile_model, compiled_forward
+from specdec.runtime.compiled import compile_model, compiled_forward
 from specdec.runtime.models import load_model
-from specdec.runtime.timing import stopwatch, timed_step
+from specdec.runtime.probes import build_graphs, timed_step
+from specdec.runtime.timing import stopwatch
 
 MODES = ("off", "on")
 
