@@ -45,3 +45,21 @@ def test_window_attention_is_sdpa_and_each_rows_bits_are_its_own(shape, dtype):
     wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 70, dtype=torch.bool)], -1)  # a wider pass's window
     buffer[..., K:, :] = torch.randn(buffer[..., K:, :].shape).to(dtype)
     assert torch.equal(op(q, buffer[0, :, :, : K + 70], buffer[1, :, :, : K + 70], wider, 0.125), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_do_not_depend_on_where_its_attended_slots_lie(dtype):
+    """The same attended keys and values, in the same order, at other slots among masked ones (as a tree's accepted
+    path before it is moved into place, or a batch row after compaction): the same bits."""
+    op = torch.ops.specdec.window_attention
+    q, buffer, mask = window((1, 9, 3, 2, 64, 700), dtype, seed=1)
+    mask[:] = True
+    k, v = buffer[0], buffer[1]
+    out = op(q, k[:, :, :700], v[:, :, :700], mask, 0.125)
+    spread = torch.randperm(1500, generator=torch.Generator().manual_seed(2))[:700].sort().values  # 700 of 1,500 slots
+    k2 = torch.full((1, 3, 1500, 64), float("nan"), dtype=dtype)
+    v2 = torch.full((1, 3, 1500, 64), float("nan"), dtype=dtype)
+    k2[:, :, spread], v2[:, :, spread] = k[:, :, :700], v[:, :, :700]
+    mask2 = torch.zeros(1, 1, 2, 1500, dtype=torch.bool)
+    mask2[..., spread] = True
+    assert torch.equal(op(q, k2, v2, mask2, 0.125), out)

@@ -18,11 +18,10 @@ output over the window's slots in chunks combined in order, in one order per row
 reads the cache once at memory speed (each key/value head in place, keys and values of a bfloat16 cache as bfloat16).
 With the linears on the packed kernel (itself batch-invariant), a position's logits have the same bits in a step and
 in any pass up to the packed rows (tests/test_invariance.py). Where the kernel cannot run (no AVX-512), the same sums
-as torch operations that inductor fuses (rowwise_attention), which cost more after long contexts. Batched passes
-(several sequences) keep rowwise_attention too: with the kernel, a bfloat16 batch of three ragged rows parted from
-target-only's greedy output once the one-graph-for-every-width build fell back to a graph per bucket (the kernel alone
-passes the same batch, eager and with graphs per bucket; the cause is not found yet). Prompts (prefill, shared by
-every method) keep SDPA.
+as torch operations that inductor fuses (rowwise_attention), which cost more after long contexts. The kernel's sums
+also ignore where the attended slots lie, so a tree's accepted path moved into place and a batch row's compacted
+slots keep their bits; row-wise sums over the window do not (their vectorized reductions group slots by position).
+Prompts (prefill, shared by every method) keep SDPA.
 
 `use_grouped_attention(model)` switches a CPU model on SDPA to it (registered with transformers' attention and mask
 interfaces as GROUPED); `as_shipped(model)` gives a block of code the model's own attention and linears back
@@ -59,7 +58,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     key, value = key[:, :, :window], value[:, :, :window]  # views: the slots past the window are never read
     if getattr(module, "rowwise", False) and torch.compiler.is_compiling():
         kernel = getattr(module, "window_kernel", False) and query.dtype in (torch.float32, torch.bfloat16)
-        if kernel and query.shape[0] == 1 and query.shape[-1] <= 256:  # one sequence (batches: see the docstring)
+        if kernel and query.shape[-1] <= 256:
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             return torch.ops.specdec.window_attention(query, key, value, attention_mask, scale), None
         return rowwise_attention(query, key, value, attention_mask, scaling), None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .compiled import CompiledForward, compiled_forward, runs_compiled
+from .compiled import CompiledForward, Rebucket, compiled_forward, runs_compiled
 from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
 from .masks import check_masked_backend, model_mask
@@ -189,7 +189,10 @@ class CachedLM:
                                                                           self.cache.layers[0].capacity))
         held = all(layer.held() for layer in self.cache.layers)
         run = self.compiled if bucket is not None and held else self.compiled.run
-        logits, hidden = run(tokens, positions.clamp_min(0), mask, self.cache)
+        try:
+            logits, hidden = run(tokens, positions.clamp_min(0), mask, self.cache)
+        except Rebucket:  # one graph for every width failed: the same pass again, padded to a bucket
+            return self.slot_pass(tokens[:, :width], positions[:, :width], ancestry[:, :width, :width])
         for layer in self.cache.layers:
             layer.keep_slots(self.slots + width)
         if self.features is not None:

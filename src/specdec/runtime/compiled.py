@@ -84,6 +84,10 @@ class CompileRecord:
         return self.cache_misses == 0 and self.cache_bypassed == 0 and self.cache_hits > 0
 
 
+class Rebucket(Exception):
+    """One graph for every width failed to compile for a pass: pad it to its bucket and run it again (CachedLM)."""
+
+
 class CompiledForward:
     """model(input_ids, position_ids, 4D mask, cache) under torch.compile, one graph per (rows, width bucket).
 
@@ -205,11 +209,13 @@ class CompiledForward:
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             reason = f"{type(error).__name__}: {reason}"[:300]
-            if self.dynamic_width:  # (Gemma 2's soft-capped attention, on torch 2.13)
+            if self.dynamic_width:  # (Gemma 2's soft-capped attention, on torch 2.13; a batch's rows beyond the
+                # packed kernel's)
                 self.dynamic_width = False
                 log.warning("%s: a graph per bucket, as one graph for every width failed (%s)",
                             type(self.model).__name__, reason)
-                return self.run(*inputs)
+                raise Rebucket  # the caller pads this pass to its bucket: it runs compiled as every later one does
+                # (an eager pass here would round differently, and batch invariance would not hold)
             self.record.eager_reason = reason
             log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__, reason)
             return self.run(*inputs)  # tracing failed before anything ran

@@ -2,20 +2,20 @@
 // runtime's decode steps and verification passes (n <= 16 rows a sequence) on a CPU with AVX-512.
 //
 //   query (B, H, n, d), key and value (B, H_kv, K, d) (views of the cache buffer: the window's K slots, any strides
-//   but the last), mask (B, 1 or H, n, K), boolean (true: attend) or additive float; float32 or bfloat16 (keys and
-//   values widened to float32 exactly, half the bytes to read). Returns (B, n, H, d) in the query's dtype.
+//   but the last), mask (B or 1, 1 or H, n, K), boolean (true: attend) or additive float; float32 or bfloat16 (keys
+//   and values widened to float32 exactly, half the bytes to read). Returns (B, n, H, d) in the query's dtype.
 //
 // Reading the cache once is the cost: after 2048 tokens SmolLM2-135M's float32 cache holds 94 MB, a third of its
 // weights. Each group of H / H_kv query heads reads its key/value head in place (no copies per query head), and the
-// window is split into chunks of CHUNK slots, so that two threads share even a one-token step: phase 1 computes, for
-// each (sequence, key/value head, chunk), every query row's partial softmax over the chunk (its maximum m, its sum
-// l = sum exp(s - m) and its output acc = sum exp(s - m) v); phase 2 combines a row's chunks in order.
+// work splits so that two threads share even a one-token step: the scores by chunks of CHUNK slots, the outputs by
+// slices of SLICE of the d lanes.
 //
-// Batch-invariant: a row's output is a function of its own query, mask row and the window alone. Every score sums
-// over d in one fixed order (16 float32 lanes, then the lanes in a fixed tree), every chunk sums its slots in order,
-// and the chunks combine in order, whatever n, B or the number of threads. Slots the mask leaves out contribute exact
-// zeros (and a chunk with none is skipped), so a wider window, as a wider pass's, leaves a row's bits unchanged: a
-// position's logits are the same in a one-token step and inside a verification pass of any width.
+// Batch-invariant, and invariant to where the attended slots lie: a row's output is a function of its query and of
+// the keys and values its mask lets it attend to, in slot order, alone. Each score sums over d in one fixed order;
+// the row's maximum is exact in any order; each probability is exp(score - maximum); the denominator and every
+// output lane sum the attended slots one after another in slot order, skipping the others (adding no term at all).
+// So a one-token step and a verification pass of any width give a position the same bits, and so do a tree's
+// accepted path moved into place and a batch row whose slots were compacted: the same terms in the same order.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -30,7 +30,8 @@
 
 namespace {
 
-constexpr int64_t CHUNK = 256;  // window slots per unit of work: 64 KB of float32 keys at d = 64, within L2
+constexpr int64_t CHUNK = 256;  // window slots per unit of the scores' work: 64 KB of float32 keys at d = 64
+constexpr int64_t SLICE = 32;   // output lanes per unit of the outputs' work: one 64-byte line of a bfloat16 value
 constexpr float MASKED = -1e30f;  // a score at or below this (an additive mask's large negative) counts as masked
 
 inline __mmask16 lanes(int64_t left) {  // the first `left` of 16 lanes (none for left <= 0)
@@ -62,30 +63,18 @@ struct Shape {
   int64_t B, H, Hkv, n, d, K, chunks;
 };
 
-// Phase 1 for one (sequence b, key/value head h_kv, chunk c): each of the group's `rows` query rows (q: float32,
-// rows of d) against the chunk's slots; writes its m, l and acc (d) into part[row][c]. Each slot's key is read
-// (and widened) once for all the rows; each value once for a tile of TILE rows. A row's sums run in the same order
-// whichever rows share its tile.
-constexpr int64_t TILE = 6;  // rows whose 64 outputs stay in registers while the values stream: 6 x 4 accumulators
-
+// The scores of one (sequence, key/value head, chunk of slots): each of the group's `rows` query rows (q: float32,
+// rows of d) against the chunk's keys, 16 slots at a time (the keys transposed and widened once for all the rows),
+// written to scores (rows, K); masked slots -inf.
 template <typename T, typename M>
-void chunk_partials(const float* q, const T* key, const T* value, int64_t ks, int64_t vs, const M* mask,
-                    int64_t mask_row_stride, int64_t mask_head_stride, const Shape& s, int64_t c, float scale,
-                    float* part, int64_t part_row_stride, int64_t group) {
+void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64_t mask_row_stride,
+                  int64_t mask_head_stride, const Shape& s, int64_t c, float scale, float* scores, int64_t group) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   const int64_t first = c * CHUNK, slots = std::min(CHUNK, s.K - first), rows = group * s.n;
-  thread_local std::vector<float> buffer;
-  buffer.resize(rows * CHUNK);
-  float* scores = buffer.data();  // (rows, CHUNK): scores, then probabilities
   thread_local std::vector<float> transposed;
   transposed.resize(s.d * 16);
   float* kt = transposed.data();  // (d, 16): a block of 16 keys, transposed and widened to float32
-  thread_local std::vector<const M*> masks;
-  masks.resize(rows);
-  const M** row_mask = masks.data();  // each row's mask from the chunk's first slot (a thread_local: read once)
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t i = 0; i < s.n; ++i) row_mask[g * s.n + i] = mask + g * mask_head_stride + i * mask_row_stride + first;
-  for (int64_t j0 = 0; j0 < slots; j0 += 16) {  // scores, 16 slots at a time: each sums over d in order
+  for (int64_t j0 = 0; j0 < slots; j0 += 16) {
     const int64_t width = std::min<int64_t>(16, slots - j0);
     for (int64_t i = 0; i < width; ++i) {
       const T* ki = key + (first + j0 + i) * ks;
@@ -93,79 +82,87 @@ void chunk_partials(const float* q, const T* key, const T* value, int64_t ks, in
     }
     for (int64_t i = width; i < 16; ++i)
       for (int64_t e = 0; e < s.d; ++e) kt[e * 16 + i] = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* qr = q + r * s.d;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains over d, added in a fixed order
-      int64_t e = 0;
-      for (; e + 4 <= s.d; e += 4) {
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 1]), _mm512_loadu_ps(kt + (e + 1) * 16), a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 2]), _mm512_loadu_ps(kt + (e + 2) * 16), a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 3]), _mm512_loadu_ps(kt + (e + 3) * 16), a3);
-      }
-      for (; e < s.d; ++e) a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
-      __m512 score = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
-      const M* mr = row_mask[r] + j0;
-      const __mmask16 mk = lanes(width);
-      __mmask16 live;
-      if constexpr (std::is_same_v<M, bool>) {  // true: attend
-        live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
-      } else {
-        score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
-        live = mk;
-      }
-      live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
-      _mm512_mask_storeu_ps(scores + r * CHUNK + j0, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {  // each row: its maximum, probabilities (masked: exactly 0), their sum
-    float* sr = scores + r * CHUNK;
-    __m512 top = _mm512_set1_ps(NONE);
-    for (int64_t j = 0; j < slots; j += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(NONE), lanes(slots - j), sr + j));
-    const float m = _mm512_reduce_max_ps(top);  // a maximum is the same in any order
-    float* out = part + r * part_row_stride + c * (s.d + 2);
-    out[0] = m;
-    out[1] = 0.0f;
-    if (m == NONE) continue;  // nothing to attend to in this chunk
-    __m512 sum = _mm512_setzero_ps();  // lane i sums the slots i mod 16, in order; then the lanes in a fixed tree
-    for (int64_t j = 0; j < slots; j += 16) {
-      const __mmask16 mk = lanes(slots - j);
-      const __m512 x = _mm512_maskz_loadu_ps(mk, sr + j);
-      const __mmask16 live = _mm512_mask_cmp_ps_mask(mk, x, _mm512_set1_ps(NONE), _CMP_NEQ_OQ);
-      const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, _mm512_set1_ps(m))));
-      _mm512_mask_storeu_ps(sr + j, mk, p);
-      sum = _mm512_add_ps(sum, p);
-    }
-    out[1] = _mm512_reduce_add_ps(sum);
-  }
-  for (int64_t e = 0; e < s.d; e += 64)  // acc = sum_j p_j v_j, slots in order: 64 of d and TILE rows at a time
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-      const int64_t tile = std::min(TILE, rows - r0);
-      const __mmask16 m0 = lanes(s.d - e), m1 = lanes(s.d - e - 16), m2 = lanes(s.d - e - 32), m3 = lanes(s.d - e - 48);
-      __m512 a[TILE][4];
-      for (int64_t t = 0; t < TILE; ++t)
-        for (int u = 0; u < 4; ++u) a[t][u] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < slots; ++j) {
-        const T* vj = value + (first + j) * vs + e;
-        const __m512 v0 = load(vj, m0), v1 = load(vj + 16, m1), v2 = load(vj + 32, m2), v3 = load(vj + 48, m3);
-        for (int64_t t = 0; t < tile; ++t) {
-          const float pj = scores[(r0 + t) * CHUNK + j];
-          if (pj == 0.0f) continue;  // a masked slot (its value may be anything): no term at all
-          const __m512 p = _mm512_set1_ps(pj);
-          a[t][0] = _mm512_fmadd_ps(p, v0, a[t][0]);
-          a[t][1] = _mm512_fmadd_ps(p, v1, a[t][1]);
-          a[t][2] = _mm512_fmadd_ps(p, v2, a[t][2]);
-          a[t][3] = _mm512_fmadd_ps(p, v3, a[t][3]);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t i = 0; i < s.n; ++i) {
+        const float* qr = q + (g * s.n + i) * s.d;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains over d, added in a fixed order
+        int64_t e = 0;
+        for (; e + 4 <= s.d; e += 4) {
+          a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
+          a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 1]), _mm512_loadu_ps(kt + (e + 1) * 16), a1);
+          a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 2]), _mm512_loadu_ps(kt + (e + 2) * 16), a2);
+          a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 3]), _mm512_loadu_ps(kt + (e + 3) * 16), a3);
         }
+        for (; e < s.d; ++e) a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
+        __m512 score = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
+        const M* mr = mask + g * mask_head_stride + i * mask_row_stride + first + j0;
+        const __mmask16 mk = lanes(width);
+        __mmask16 live;
+        if constexpr (std::is_same_v<M, bool>) {  // true: attend
+          live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
+        } else {
+          score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
+          live = mk;
+        }
+        live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
+        _mm512_mask_storeu_ps(scores + (g * s.n + i) * s.K + first + j0, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
       }
+  }
+}
+
+// One row's probabilities in place, exp(score - its maximum), masked slots exactly 0; returns their sum, the slots
+// added one after another in order (0 when nothing is attended to).
+inline float probabilities(float* row, int64_t K) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  __m512 top = _mm512_set1_ps(NONE);
+  for (int64_t j = 0; j < K; j += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(NONE), lanes(K - j), row + j));
+  const float m = _mm512_reduce_max_ps(top);  // a maximum is the same in any order
+  if (m == NONE) {
+    for (int64_t j = 0; j < K; ++j) row[j] = 0.0f;
+    return 0.0f;
+  }
+  for (int64_t j = 0; j < K; j += 16) {
+    const __mmask16 mk = lanes(K - j);
+    const __m512 x = _mm512_maskz_loadu_ps(mk, row + j);
+    const __mmask16 live = _mm512_mask_cmp_ps_mask(mk, x, _mm512_set1_ps(NONE), _CMP_NEQ_OQ);
+    _mm512_mask_storeu_ps(row + j, mk, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, _mm512_set1_ps(m)))));
+  }
+  float l = 0.0f;
+  for (int64_t j = 0; j < K; ++j) l += row[j];  // zeros add nothing: the attended slots' sum, in order
+  return l;
+}
+
+// The outputs of one (sequence, key/value head, slice of SLICE lanes): each row's sum_j p_j v_j over the slots in
+// order, attended ones only, TILE rows at a time while the slice of each value streams past; divided by l.
+constexpr int64_t TILE = 12;  // rows whose 32 output lanes stay in registers: 12 x 2 accumulators
+
+template <typename T>
+void slice_outputs(const float* p, const float* l, const T* value, int64_t vs, const Shape& s, int64_t e,
+                   int64_t rows, float* out, int64_t out_row_stride) {
+  const __mmask16 m0 = lanes(s.d - e), m1 = lanes(s.d - e - 16);
+  for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+    const int64_t tile = std::min(TILE, rows - r0);
+    __m512 a[TILE][2];
+    for (int64_t t = 0; t < TILE; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < s.K; ++j) {
+      const T* vj = value + j * vs + e;
+      const __m512 v0 = load(vj, m0), v1 = load(vj + 16, m1);
       for (int64_t t = 0; t < tile; ++t) {
-        float* out = part + (r0 + t) * part_row_stride + c * (s.d + 2) + 2 + e;
-        _mm512_mask_storeu_ps(out, m0, a[t][0]);
-        _mm512_mask_storeu_ps(out + 16, m1, a[t][1]);
-        _mm512_mask_storeu_ps(out + 32, m2, a[t][2]);
-        _mm512_mask_storeu_ps(out + 48, m3, a[t][3]);
+        const float pj = p[(r0 + t) * s.K + j];
+        if (pj == 0.0f) continue;  // not attended to (its value may be anything): no term at all
+        const __m512 w = _mm512_set1_ps(pj);
+        a[t][0] = _mm512_fmadd_ps(w, v0, a[t][0]);
+        a[t][1] = _mm512_fmadd_ps(w, v1, a[t][1]);
       }
     }
+    for (int64_t t = 0; t < tile; ++t) {
+      const float lt = l[r0 + t];
+      const __m512 inv = _mm512_set1_ps(lt > 0.0f ? 1.0f / lt : 0.0f);  // nothing attended to: zeros
+      float* o = out + (r0 + t) * out_row_stride + e;
+      _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(a[t][0], inv));
+      _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(a[t][1], inv));
+    }
+  }
 }
 
 template <typename T, typename M>
@@ -173,47 +170,40 @@ void attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& va
             double scale, at::Tensor& out) {
   const Shape s{query.size(0), query.size(1), key.size(1), query.size(2), query.size(3), key.size(2),
                 (key.size(2) + CHUNK - 1) / CHUNK};
-  const int64_t group = s.H / s.Hkv;
+  const int64_t group = s.H / s.Hkv, rows = group * s.n, slices = (s.d + SLICE - 1) / SLICE;
   at::Tensor q = query.to(at::kFloat).contiguous();  // (B, H, n, d): each group's rows are contiguous
-  at::Tensor part = at::empty({s.B, s.H, s.n, s.chunks, s.d + 2}, query.options().dtype(at::kFloat));
+  at::Tensor p = at::empty({s.B, s.H, s.n, s.K}, query.options().dtype(at::kFloat));  // scores, then probabilities
+  at::Tensor l = at::empty({s.B, s.H, s.n}, query.options().dtype(at::kFloat));
+  at::Tensor result = at::empty({s.B, s.H, s.n, s.d}, query.options().dtype(at::kFloat));
   const float* qp = q.data_ptr<float>();
-  float* pp = part.data_ptr<float>();
+  float* pp = p.data_ptr<float>();
+  float* lp = l.data_ptr<float>();
+  float* rp = result.data_ptr<float>();
   const T* kp = key.data_ptr<T>();
   const T* vp = value.data_ptr<T>();
   const M* mp = mask.data_ptr<M>();
   const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1), mb = mask.size(0) == 1 ? 0 : mask.stride(0);  // broadcast
-  at::parallel_for(0, s.B * s.Hkv * s.chunks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, s.B * s.Hkv * s.chunks, 1, [&](int64_t begin, int64_t end) {  // the scores
     for (int64_t u = begin; u < end; ++u) {
       const int64_t c = u % s.chunks, h = (u / s.chunks) % s.Hkv, b = u / (s.chunks * s.Hkv);
-      chunk_partials<T, M>(qp + (b * s.H + h * group) * s.n * s.d, kp + b * key.stride(0) + h * key.stride(1),
-                           vp + b * value.stride(0) + h * value.stride(1), key.stride(2), value.stride(2),
-                           mp + b * mb + (mh ? h * group * mh : 0), mask.stride(2), mh, s, c, float(scale),
-                           pp + (b * s.H + h * group) * s.n * s.chunks * (s.d + 2), s.chunks * (s.d + 2), group);
+      chunk_scores<T, M>(qp + (b * s.H + h * group) * s.n * s.d, kp + b * key.stride(0) + h * key.stride(1),
+                         key.stride(2), mp + b * mb + h * group * mh, mask.stride(2), mh, s, c, float(scale),
+                         pp + (b * s.H + h * group) * s.n * s.K, group);
     }
   });
-  at::Tensor result = at::empty({s.B, s.n, s.H, s.d}, query.options().dtype(at::kFloat));
-  float* rp = result.data_ptr<float>();
-  at::parallel_for(0, s.B * s.H * s.n, 1, [&](int64_t begin, int64_t end) {  // phase 2: a row's chunks, in order
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = r % s.n, h = (r / s.n) % s.H, b = r / (s.n * s.H);
-      const float* rows = pp + r * s.chunks * (s.d + 2);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < s.chunks; ++c) m = std::max(m, rows[c * (s.d + 2)]);
-      float* o = rp + ((b * s.n + i) * s.H + h) * s.d;
-      for (int64_t e = 0; e < s.d; ++e) o[e] = 0.0f;
-      float l = 0.0f;
-      for (int64_t c = 0; c < s.chunks; ++c) {
-        const float* p = rows + c * (s.d + 2);
-        if (p[0] == -std::numeric_limits<float>::infinity()) continue;
-        const float w = std::exp(p[0] - m);
-        l += w * p[1];
-        for (int64_t e = 0; e < s.d; ++e) o[e] += w * p[2 + e];
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row with nothing to attend to: zeros
-      for (int64_t e = 0; e < s.d; ++e) o[e] *= inv;
+  at::parallel_for(0, s.B * s.H * s.n, 1, [&](int64_t begin, int64_t end) {  // each row's probabilities and sum
+    for (int64_t r = begin; r < end; ++r) lp[r] = probabilities(pp + r * s.K, s.K);
+  });
+  at::parallel_for(0, s.B * s.Hkv * slices, 1, [&](int64_t begin, int64_t end) {  // the outputs
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t e = (u % slices) * SLICE, h = (u / slices) % s.Hkv, b = u / (slices * s.Hkv);
+      const int64_t first = (b * s.H + h * group) * s.n;  // the group's first row
+      slice_outputs<T>(pp + first * s.K, lp + first, vp + b * value.stride(0) + h * value.stride(1), value.stride(2),
+                       s, e, rows, rp + first * s.d, s.d);
     }
   });
-  out = result.scalar_type() == query.scalar_type() ? result : result.to(query.scalar_type());
+  at::Tensor bnhd = result.transpose(1, 2);  // (B, n, H, d)
+  out = bnhd.to(query.scalar_type()).contiguous();
 }
 
 at::Tensor window_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
