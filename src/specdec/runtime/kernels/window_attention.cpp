@@ -63,6 +63,42 @@ struct Shape {
   int64_t B, H, Hkv, n, d, K, chunks;
 };
 
+// The scores of R rows (from row r) against a block of 16 transposed keys kt (d, 16) at slot j: each row sums over d
+// in four chains (e mod 4), added in a fixed order, the same arithmetic whatever R; masked slots -inf.
+template <int R, typename M>
+inline void score_rows(const float* q, const float* kt, const M* const* mask_of, int64_t r, const Shape& s,
+                       int64_t width, int64_t j, float scale, float* scores) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  __m512 a[R][4];
+  for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
+  const float* qr = q + r * s.d;
+  int64_t e = 0;
+  for (; e + 4 <= s.d; e += 4)
+    for (int u = 0; u < 4; ++u) {
+      const __m512 k = _mm512_loadu_ps(kt + (e + u) * 16);
+      for (int t = 0; t < R; ++t) a[t][u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * s.d + e + u]), k, a[t][u]);
+    }
+  for (; e < s.d; ++e) {
+    const __m512 k = _mm512_loadu_ps(kt + e * 16);
+    for (int t = 0; t < R; ++t) a[t][0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * s.d + e]), k, a[t][0]);
+  }
+  const __mmask16 mk = lanes(width);
+  for (int t = 0; t < R; ++t) {
+    __m512 score = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])),
+                                 _mm512_set1_ps(scale));
+    const M* mr = mask_of[r + t] + j;
+    __mmask16 live;
+    if constexpr (std::is_same_v<M, bool>) {  // true: attend
+      live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
+    } else {
+      score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
+      live = mk;
+    }
+    live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
+    _mm512_mask_storeu_ps(scores + (r + t) * s.K + j, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
+  }
+}
+
 // The scores of one (sequence, key/value head, chunk of slots): each of the group's `rows` query rows (q: float32,
 // rows of d) against the chunk's keys, 16 slots at a time (the keys transposed and widened once for all the rows),
 // written to scores (rows, K); masked slots -inf.
@@ -74,6 +110,11 @@ void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64
   thread_local std::vector<float> transposed;
   transposed.resize(s.d * 16);
   float* kt = transposed.data();  // (d, 16): a block of 16 keys, transposed and widened to float32
+  thread_local std::vector<const M*> masks;
+  masks.resize(rows);
+  const M** mask_of = masks.data();  // each row's mask (a thread_local is read through a call: once here)
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < s.n; ++i) mask_of[g * s.n + i] = mask + g * mask_head_stride + i * mask_row_stride;
   for (int64_t j0 = 0; j0 < slots; j0 += 16) {
     const int64_t width = std::min<int64_t>(16, slots - j0);
     for (int64_t i = 0; i < width; ++i) {
@@ -82,31 +123,9 @@ void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64
     }
     for (int64_t i = width; i < 16; ++i)
       for (int64_t e = 0; e < s.d; ++e) kt[e * 16 + i] = 0.0f;
-    for (int64_t g = 0; g < group; ++g)
-      for (int64_t i = 0; i < s.n; ++i) {
-        const float* qr = q + (g * s.n + i) * s.d;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains over d, added in a fixed order
-        int64_t e = 0;
-        for (; e + 4 <= s.d; e += 4) {
-          a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
-          a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 1]), _mm512_loadu_ps(kt + (e + 1) * 16), a1);
-          a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 2]), _mm512_loadu_ps(kt + (e + 2) * 16), a2);
-          a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e + 3]), _mm512_loadu_ps(kt + (e + 3) * 16), a3);
-        }
-        for (; e < s.d; ++e) a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[e]), _mm512_loadu_ps(kt + e * 16), a0);
-        __m512 score = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
-        const M* mr = mask + g * mask_head_stride + i * mask_row_stride + first + j0;
-        const __mmask16 mk = lanes(width);
-        __mmask16 live;
-        if constexpr (std::is_same_v<M, bool>) {  // true: attend
-          live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
-        } else {
-          score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
-          live = mk;
-        }
-        live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
-        _mm512_mask_storeu_ps(scores + (g * s.n + i) * s.K + first + j0, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
-      }
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) score_rows<4, M>(q, kt, mask_of, r, s, width, first + j0, scale, scores);
+    for (; r < rows; ++r) score_rows<1, M>(q, kt, mask_of, r, s, width, first + j0, scale, scores);
   }
 }
 
@@ -133,36 +152,40 @@ inline float probabilities(float* row, int64_t K) {
 }
 
 // The outputs of one (sequence, key/value head, slice of SLICE lanes): each row's sum_j p_j v_j over the slots in
-// order, attended ones only, TILE rows at a time while the slice of each value streams past; divided by l.
-constexpr int64_t TILE = 12;  // rows whose 32 output lanes stay in registers: 12 x 2 accumulators
+// order, attended ones only, a tile of rows at a time while the slice of each value streams past; divided by l.
+template <int R, typename T>
+inline void tile_outputs(const float* p, const float* l, const T* value, int64_t vs, const Shape& s, int64_t e,
+                         int64_t r0, float* out, int64_t out_row_stride) {
+  const __mmask16 m0 = lanes(s.d - e), m1 = lanes(s.d - e - 16);
+  __m512 a[R][2];
+  for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < s.K; ++j) {
+    const T* vj = value + j * vs + e;
+    const __m512 v0 = load(vj, m0), v1 = load(vj + 16, m1);
+    for (int t = 0; t < R; ++t) {
+      const float pj = p[(r0 + t) * s.K + j];
+      const __mmask16 term = pj != 0.0f ? __mmask16(0xFFFF) : __mmask16(0);  // not attended to (its value may be
+      const __m512 w = _mm512_set1_ps(pj);                                    // anything): no term at all
+      a[t][0] = _mm512_mask3_fmadd_ps(w, v0, a[t][0], term);
+      a[t][1] = _mm512_mask3_fmadd_ps(w, v1, a[t][1], term);
+    }
+  }
+  for (int t = 0; t < R; ++t) {
+    const float lt = l[r0 + t];
+    const __m512 inv = _mm512_set1_ps(lt > 0.0f ? 1.0f / lt : 0.0f);  // nothing attended to: zeros
+    float* o = out + (r0 + t) * out_row_stride + e;
+    _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(a[t][0], inv));
+    _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(a[t][1], inv));
+  }
+}
 
 template <typename T>
 void slice_outputs(const float* p, const float* l, const T* value, int64_t vs, const Shape& s, int64_t e,
                    int64_t rows, float* out, int64_t out_row_stride) {
-  const __mmask16 m0 = lanes(s.d - e), m1 = lanes(s.d - e - 16);
-  for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-    const int64_t tile = std::min(TILE, rows - r0);
-    __m512 a[TILE][2];
-    for (int64_t t = 0; t < TILE; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < s.K; ++j) {
-      const T* vj = value + j * vs + e;
-      const __m512 v0 = load(vj, m0), v1 = load(vj + 16, m1);
-      for (int64_t t = 0; t < tile; ++t) {
-        const float pj = p[(r0 + t) * s.K + j];
-        if (pj == 0.0f) continue;  // not attended to (its value may be anything): no term at all
-        const __m512 w = _mm512_set1_ps(pj);
-        a[t][0] = _mm512_fmadd_ps(w, v0, a[t][0]);
-        a[t][1] = _mm512_fmadd_ps(w, v1, a[t][1]);
-      }
-    }
-    for (int64_t t = 0; t < tile; ++t) {
-      const float lt = l[r0 + t];
-      const __m512 inv = _mm512_set1_ps(lt > 0.0f ? 1.0f / lt : 0.0f);  // nothing attended to: zeros
-      float* o = out + (r0 + t) * out_row_stride + e;
-      _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(a[t][0], inv));
-      _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(a[t][1], inv));
-    }
-  }
+  int64_t r = 0;
+  for (; r + 12 <= rows; r += 12) tile_outputs<12, T>(p, l, value, vs, s, e, r, out, out_row_stride);
+  for (; r + 3 <= rows; r += 3) tile_outputs<3, T>(p, l, value, vs, s, e, r, out, out_row_stride);
+  for (; r < rows; ++r) tile_outputs<1, T>(p, l, value, vs, s, e, r, out, out_row_stride);
 }
 
 template <typename T, typename M>
