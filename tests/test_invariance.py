@@ -12,6 +12,7 @@ from fakes import GREEDY_PROMPT
 
 from specdec import (
     GREEDY,
+    BlockVerification,
     ModelDrafter,
     ModelTreeDrafter,
     autoregressive_generate,
@@ -57,15 +58,19 @@ def test_a_positions_logits_have_the_same_bits_in_a_step_and_in_every_pass_width
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_greedy_speculative_output_is_target_onlys_on_the_invariant_runtime(dtype):
-    """Chains of several k, a tree and a batch of three ragged rows, against target-only on the same runtime."""
-    target = on_invariant_runtime(tiny_model("llama", seed=0, scale=20.0).to(dtype))
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # a plain decoder; sliding windows shorter than the output
+def test_greedy_speculative_output_is_target_onlys_on_the_invariant_runtime(arch, dtype):
+    """Chains of several k, block verification, a tree and a batch of three ragged rows, against target-only on the
+    same runtime."""
+    target = on_invariant_runtime(tiny_model(arch, seed=0, scale=20.0).to(dtype))
     draft = perturbed_copy(target, 0.15)
     batch = [GREEDY_PROMPT[0], torch.tensor([0, 9]), torch.tensor([0, 5, 3, 7, 5, 3, 7, 5, 3, 12, 4])]
     for prompts in (GREEDY_PROMPT, batch):
         expected = autoregressive_generate(target, prompts, sampling=GREEDY, max_new_tokens=20).tokens
         runs = [speculative_generate(target, ModelDrafter(draft), prompts, k=k, sampling=GREEDY, max_new_tokens=20)
                 for k in (1, 4, 8)]  # fmt: skip
+        runs.append(speculative_generate(target, ModelDrafter(draft), prompts, k=4, acceptance=BlockVerification(),
+                                         sampling=GREEDY, max_new_tokens=20))  # fmt: skip
         runs.append(tree_generate(target, ModelTreeDrafter(draft, branches=(2, 2), depth=4, nodes=8), prompts, k=4,
                                   sampling=GREEDY, max_new_tokens=20))  # fmt: skip
         for out in runs:
@@ -76,7 +81,7 @@ def test_greedy_speculative_output_is_target_onlys_on_the_invariant_runtime(dtyp
     eager_model(target)
 
 
-def test_smollm2_in_bfloat16_is_batch_invariant_with_rowwise_attention_and_not_without():
+def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_with_sdpa():
     from specdec.runtime.models import load_model
 
     tokens = torch.randint(0, 49152, (1, WIDEST), generator=torch.Generator().manual_seed(1))

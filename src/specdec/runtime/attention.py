@@ -13,15 +13,14 @@ whole buffer.
 Batch-invariant passes (`rowwise=True`): inside a compiled pass, attention on a kernel of our own
 (kernels/window_attention.cpp, torch.ops.specdec.window_attention) instead of SDPA's matrix products, whose kernels
 sum in an order that depends on the number of query rows (in bfloat16, a position's logits then differ between a
-one-token step and a verification pass, and greedy outputs part at near-ties). It sums each score over d, and each
-output over the window's slots in chunks combined in order, in one order per row whatever the pass's width, and it
-reads the cache once at memory speed (each key/value head in place, keys and values of a bfloat16 cache as bfloat16).
-With the linears on the packed kernel (itself batch-invariant), a position's logits have the same bits in a step and
-in any pass up to the packed rows (tests/test_invariance.py). Where the kernel cannot run (no AVX-512), the same sums
-as torch operations that inductor fuses (rowwise_attention), which cost more after long contexts. The kernel's sums
-also ignore where the attended slots lie, so a tree's accepted path moved into place and a batch row's compacted
-slots keep their bits; row-wise sums over the window do not (their vectorized reductions group slots by position).
-Prompts (prefill, shared by every method) keep SDPA.
+one-token step and a verification pass, and greedy outputs part at near-ties). It sums each score over d in one
+order, and a row's denominator and outputs over the slots it attends to, one after another in slot order, whatever
+the pass's width; it reads each key/value head in place (a bfloat16 cache as bfloat16). With the linears on the
+packed kernel (itself batch-invariant), a position's logits have the same bits in a step and in any pass up to the
+packed rows, and wherever its attended slots lie: a tree's accepted path moved into place and a batch row's compacted
+slots too (tests/test_invariance.py, tests/test_window_attention.py). Where the kernel cannot run (no AVX-512), sums
+as torch operations that inductor fuses (rowwise_attention): slower after long contexts, and their vectorized
+reductions group slots by position. Prompts (prefill, shared by every method) keep SDPA.
 
 `use_grouped_attention(model)` switches a CPU model on SDPA to it (registered with transformers' attention and mask
 interfaces as GROUPED); `as_shipped(model)` gives a block of code the model's own attention and linears back
