@@ -67,7 +67,7 @@ def test_the_gpu_tests_part_counts_pytests_report(tmp_path):
     assert record["returncode"] == 1 and len(record["not_passed"]) == 1
     assert record["not_passed"][0].endswith("test_marked::test_fails")  # the class name holds the path from the
     # rootdir where pytest runs from elsewhere (a clone under /tmp, as tmp_path is)
-    assert failed({"parts": {"gpu_tests": record}}) == ["gpu_tests: ['test_marked::test_fails']"]
+    assert failed({"parts": {"gpu_tests": record}}) == [f"gpu_tests: {record['not_passed']}"]
 
 
 def test_a_part_past_the_budget_is_skipped_or_stopped_with_what_it_measured():
