@@ -20,6 +20,7 @@ TINY = SHAPES["tiny"]
 
 
 @pytest.mark.xdist_group("inductor")  # it compiles: on the worker that has paid inductor's first compile
+@pytest.mark.exhaustive  # 9-11 s of compiling: `make test-all`
 def test_the_rehearsal_writes_one_json_with_every_part(tmp_path, capsys):
     out = tmp_path / "gpu-check.json"
     argv = ["--device", "cpu", "--shapes", "tiny", "--no-tests", "--repeats", "2", "--repetitions", "1",
