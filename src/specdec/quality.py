@@ -58,7 +58,7 @@ def check_identical(outputs: dict[str, dict[str, list[int]]], reference: str = "
         for key, tokens in per_input.items():
             theirs = outputs[reference][key]
             at = first_difference(list(tokens), list(theirs))
-            shares.append(1.0 if at is None else at / max(len(tokens), len(theirs)))
+            shares.append(agreement(torch.as_tensor(tokens), torch.as_tensor(theirs)))
             if at is not None:
                 mismatches.append({"contender": name, "prompt": key, "first_difference": at})
         agreements[name] = sum(shares) / len(shares) if shares else float("nan")

@@ -56,8 +56,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     window = attention_mask.shape[-1]
     key, value = key[:, :, :window], value[:, :, :window]  # views: the slots past the window are never read
     if getattr(module, "rowwise", False) and torch.compiler.is_compiling():
-        kernel = getattr(module, "window_kernel", False) and query.dtype in (torch.float32, torch.bfloat16)
-        if kernel and query.shape[-1] <= 256:
+        if getattr(module, "window_kernel", False) and query.dtype in (torch.float32, torch.bfloat16):
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             return torch.ops.specdec.window_attention(query, key, value, attention_mask, scale), None
         return rowwise_attention(query, key, value, attention_mask, scaling), None

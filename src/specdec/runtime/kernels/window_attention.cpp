@@ -32,6 +32,7 @@ namespace {
 
 constexpr int64_t CHUNK = 256;  // window slots per unit of the scores' work: 64 KB of float32 keys at d = 64
 constexpr int64_t SLICE = 32;   // output lanes per unit of the outputs' work: one 64-byte line of a bfloat16 value
+constexpr float NONE = -std::numeric_limits<float>::infinity();  // a masked slot's score
 constexpr float MASKED = -1e30f;  // a score at or below this (an additive mask's large negative) counts as masked
 
 inline __mmask16 lanes(int64_t left) {  // the first `left` of 16 lanes (none for left <= 0)
@@ -68,7 +69,6 @@ struct Shape {
 template <int R, typename M>
 inline void score_rows(const float* q, const float* kt, const M* const* mask_of, int64_t r, const Shape& s,
                        int64_t width, int64_t j, float scale, float* scores) {
-  constexpr float NONE = -std::numeric_limits<float>::infinity();
   __m512 a[R][4];
   for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
   const float* qr = q + r * s.d;
@@ -105,7 +105,6 @@ inline void score_rows(const float* q, const float* kt, const M* const* mask_of,
 template <typename T, typename M>
 void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64_t mask_row_stride,
                   int64_t mask_head_stride, const Shape& s, int64_t c, float scale, float* scores, int64_t group) {
-  constexpr float NONE = -std::numeric_limits<float>::infinity();
   const int64_t first = c * CHUNK, slots = std::min(CHUNK, s.K - first), rows = group * s.n;
   thread_local std::vector<float> transposed;
   transposed.resize(s.d * 16);
@@ -132,7 +131,6 @@ void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64
 // One row's probabilities in place, exp(score - its maximum), masked slots exactly 0; returns their sum, the slots
 // added one after another in order (0 when nothing is attended to).
 inline float probabilities(float* row, int64_t K) {
-  constexpr float NONE = -std::numeric_limits<float>::infinity();
   __m512 top = _mm512_set1_ps(NONE);
   for (int64_t j = 0; j < K; j += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(NONE), lanes(K - j), row + j));
   const float m = _mm512_reduce_max_ps(top);  // a maximum is the same in any order
