@@ -1,7 +1,9 @@
 """Draft calibration: the choice follows the predicted speedup of injected timings; slow drafts are named."""
 
+import gc
 import logging
 import math
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -23,6 +25,8 @@ from specdec.auto.calibration import (
     Timings,
     alpha_from_tokens_per_pass,
     calibrate,
+    calibrate_in_turn,
+    kept_names,
     measure_alpha,
     measure_timings,
 )
@@ -233,6 +237,42 @@ def test_timings_time_a_lookup_candidate_through_the_drafter_protocol():
     timings = measure_timings(target, {"copy": ModelDrafter(target), "ngram": NGramDrafter()}, PROMPT, k_max=4,
                               repeats=1)  # fmt: skip
     assert set(timings.draft_ms) == {"copy", "ngram"} and all(ms > 0 for ms in timings.draft_ms.values())
+
+
+def test_candidates_are_built_one_at_a_time_and_dropped_once_out_of_the_best(target):
+    """calibrate_in_turn holds the best `keep` candidates so far and the one being measured, never all of them: a
+    candidate that falls out of the best is freed before the next is built; the kept ones come back best first."""
+    built, alive_at_build = [], []
+
+    def copy(seed):
+        def build():
+            alive_at_build.append(sum(ref() is not None for ref in built))
+            drafter = ModelDrafter(tiny_model("llama", seed=seed, scale=20.0, vocab_size=32))
+            built.append(weakref.ref(drafter))
+            return drafter
+        return build
+
+    builders = {f"copy{seed}": copy(seed) for seed in (1, 2, 3, 4)} | {"ngram": NGramDrafter}
+    cal, kept = calibrate_in_turn(target, builders, PROMPT, keep=1, release=gc.collect, k=2, repeats=1,
+                                  probe_tokens=8)  # fmt: skip
+    assert alive_at_build[0] == 0 and max(alive_at_build) <= 2  # the best so far (and a model, if ngram leads)
+    assert {r.name for r in cal.results} == set(builders) and cal.chosen == next(iter(kept))
+    assert list(kept) == [r.name for r in cal.results if r.name in kept] and len(kept) <= 2
+    models = [d for d in kept.values() if isinstance(d, ModelDrafter)]
+    assert len(models) == 1 and [ref() for ref in built if ref() is not None] == models  # the others are freed
+
+
+def test_kept_candidates_are_the_best_but_none_slower_than_the_target_after_the_first():
+    def result(name, c, speedup, cost="per_token"):
+        return CandidateResult(name, cost, 10 * c, c, 0.9, 4, 1.0, speedup, 4, speedup)
+
+    results = [result("slow", 1.3, 0.9), result("ngram", 0.01, 1.1, "per_call"), result("int8", 0.5, 1.5),
+               result("nf4", 0.7, 1.2)]  # fmt: skip
+    has_model = lambda name: name != "ngram"  # noqa: E731
+    assert kept_names(results, 3, has_model) == ["int8", "nf4", "ngram"]
+    assert kept_names(results, 2, has_model) == ["int8", "nf4"]
+    assert kept_names(results[:2], 3, has_model) == ["ngram", "slow"]  # the only model, slow as it is, for naive
+    assert kept_names([result("slow", 1.3, 0.9)], 3, has_model) == ["slow"]  # the best stays, whatever its c
 
 
 def test_prepare_keeps_the_calibrated_candidates_and_says_why(target):

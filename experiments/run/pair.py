@@ -3,9 +3,9 @@ model the naive method generates with (and model trees branch with).
 
 Drafters are built from their `_target_` nodes with hydra.utils.instantiate (conf/draft/, conf/tree/); a
 drafter's `model:` node loads its draft model. A pair whose model.draft lists `candidates` is calibrated:
-every candidate is built, then timed and probed by the library (specdec.auto.setup.prepare_drafts); the fastest
-predicted one drafts a fixed k, and it and the next best stay loaded for k=auto, which chooses among them every round
-(specdec.choose.online).
+each candidate is built when the library comes to it, timed and probed (specdec.auto.setup.prepare_drafts); the
+fastest predicted one drafts a fixed k, and it and the next best stay loaded for k=auto, which chooses among them every
+round (specdec.choose.online).
 `Pairs` keeps the last pair loaded, so that the jobs of a sweep that differ only in k or temperature share it.
 """
 
@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import transformers
@@ -150,9 +151,10 @@ def draft_quantization(node: DictConfig) -> str:
 
 
 def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Drafts:
-    """Build every candidate of model.draft and let the library calibrate them (specdec.auto.setup.prepare_drafts)."""
+    """The candidates of model.draft, each built when the library comes to it, calibrated by the library
+    (specdec.auto.setup.prepare_drafts: one loaded at a time besides the best so far)."""
     candidates = loaded_candidates(candidates_of(cfg))
-    drafters = {name: instantiate(node, **with_target(node, lambda: target)) for name, node in candidates.items()}
+    drafters = {name: partial(instantiate, node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,
                           k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_token_ids(target, tokenizer),
                           seed=plan.seed, **placement(cfg))  # fmt: skip

@@ -286,18 +286,26 @@ def calibrate(
     # alpha = 1 bounds what a candidate can gain; probe the most promising first, skip those that cannot win
     bounds = {n: evaluate(n, d.draft_cost, timings, 1.0, k, k_max) for n, d in drafters.items()}
     results: list[CandidateResult] = []
+    probe = partial(measure_alpha, target, ids=ids, probe_k=probe_k, max_new_tokens=probe_tokens, sampling=sampling,
+                    eos_token_id=eos_token_id, seed=seed)  # fmt: skip
     for name in sorted(drafters, key=lambda n: -bounds[n].speedup):
-        if alphas is not None:
-            alpha = alphas[name]
-        elif results and bounds[name].speedup < max(r.speedup for r in results):
-            results.append(replace(bounds[name], alpha=math.nan))  # not probed: its speedups are upper bounds
-            continue
-        else:
-            alpha = measure_alpha(
-                target, drafters[name], ids, probe_k=probe_k, max_new_tokens=probe_tokens, sampling=sampling,
-                eos_token_id=eos_token_id, seed=seed,
-            )  # fmt: skip
-        results.append(evaluate(name, drafters[name].draft_cost, timings, alpha, k, k_max))
+        alpha = alphas[name] if alphas is not None else None
+        results.append(assess(bounds[name], results, timings, k, k_max, partial(probe, drafters[name]), alpha))
+    return conclude(results, timings)
+
+
+def assess(bound: CandidateResult, results: Sequence[CandidateResult], timings: Timings, k: int | None, k_max: int,
+           probe: Callable[[], float], alpha: float | None = None) -> CandidateResult:
+    """One candidate's result: at its given alpha; not probed (its alpha = 1 bound kept, alpha NaN) where even the
+    bound is below the best result so far; else at the alpha `probe` measures."""
+    if alpha is None and results and bound.speedup < max(r.speedup for r in results):
+        return replace(bound, alpha=math.nan)  # not probed: its speedups are upper bounds
+    return evaluate(bound.name, bound.draft_cost, timings, probe() if alpha is None else alpha, k, k_max)
+
+
+def conclude(results: Sequence[CandidateResult], timings: Timings) -> Calibration:
+    """The calibration of these results: ranked best first, the best chosen, and why (a weak guess where the timings
+    were unsteady)."""
     chosen, reason = choose(results)
     if timings.unsteady:
         reason += (
@@ -306,3 +314,70 @@ def calibrate(
         )
     ranked = tuple(sorted(results, key=lambda r: -r.speedup))
     return Calibration(timings.step_ms, ranked, chosen, reason)
+
+
+def kept_names(results: Sequence[CandidateResult], keep: int, has_model: Callable[[str], bool]) -> list[str]:
+    """The `keep` best results' names (best first) but those slower than the target (c > 1: they cannot gain) after
+    the best, and the best one with a draft model if none of those has one (the naive method generates with it)."""
+    ranked = [r.name for r in sorted(results, key=lambda r: -r.speedup)]
+    slow = {r.name for r in results if r.slower_than_target}
+    kept = [name for i, name in enumerate(ranked) if i == 0 or name not in slow][:keep]
+    if not any(has_model(n) for n in kept):
+        kept += [n for n in ranked if n not in kept and has_model(n)][:1]
+    return kept
+
+
+def calibrate_in_turn(
+    target: PreTrainedModel,
+    builders: Mapping[str, Callable[[], Drafter]],
+    ids: torch.Tensor,
+    *,
+    keep: int,
+    release: Callable[[], None] = lambda: None,
+    k: int | None = None,
+    k_max: int = 8,
+    probe_k: int = 4,
+    probe_tokens: int = 24,
+    sampling: Sampling = GREEDY,
+    eos_token_id: int | list[int] | None = None,
+    seed: int = 0,
+    repeats: int = 3,
+) -> tuple[Calibration, dict[str, Drafter]]:
+    """calibrate, loading one candidate at a time, so that memory holds the target, the `keep` best candidates so
+    far and the one being measured, not every candidate at once (six copies of the target by default).
+
+    builders: name -> a function that builds the candidate (loads its model, puts it on its runtime). Each is timed
+    in its own interleaved window next to target steps, its c the ratio of the two (the first window also times the
+    target's passes); then it is assessed as calibrate assesses it (probed for alpha unless even alpha = 1 could
+    not win). Candidates outside the best `keep` (kept_names: none slower than the target but the best) are dropped
+    as soon as they fall out (release() then hands their memory back). Returns the calibration and the kept drafters
+    by name, best first."""
+    if not builders:
+        raise ValueError("calibrate needs at least one candidate drafter")
+    pass_ms: dict[int, float] = {}
+    draft_ms: dict[str, float] = {}
+    spread = 0.0
+    results: list[CandidateResult] = []
+    kept: dict[str, Drafter] = {}
+    for name, build in builders.items():
+        drafter = build()
+        window = measure_timings(target, {name: drafter}, ids, k_max=k_max, repeats=repeats,
+                                 widths=(1,) if pass_ms else PASS_WIDTHS)  # fmt: skip
+        pass_ms = pass_ms or window.pass_ms
+        draft_ms[name] = window.draft_ms[name] * pass_ms[1] / window.step_ms  # c as measured in its own window
+        spread = max(spread, window.spread)
+        timings = Timings(pass_ms, dict(draft_ms), spread)
+        probe = partial(measure_alpha, target, drafter, ids, probe_k=probe_k, max_new_tokens=probe_tokens,
+                        sampling=sampling, eos_token_id=eos_token_id, seed=seed)  # fmt: skip
+        bound = evaluate(name, drafter.draft_cost, timings, 1.0, k, k_max)
+        results.append(assess(bound, results, timings, k, k_max, probe))
+        kept[name] = drafter
+        names = kept_names(results, keep, lambda n: getattr(kept.get(n), "model", None) is not None)
+        dropped = [n for n in kept if n not in names]
+        for n in dropped:
+            del kept[n]
+        del drafter, probe
+        if dropped:
+            release()
+    calibration = conclude(results, Timings(pass_ms, draft_ms, spread))
+    return calibration, {r.name: kept[r.name] for r in calibration.results if r.name in kept}

@@ -13,10 +13,10 @@ prepare_drafts (the drafters' runtime; candidates calibrated, the best kept behi
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,7 +28,7 @@ from ..choose.threads import OnlineThreadChoice
 from ..draft.base import Drafter, check_rows
 from ..draft.switch import DraftSwitch
 from ..runtime.compiled import runs_compiled
-from ..runtime.machine import machine
+from ..runtime.machine import machine, release_memory
 from ..runtime.models import encode_prompt
 from ..runtime.probes import ThreadChoice
 from ..sampling import GREEDY, Sampling
@@ -37,14 +37,15 @@ from ..verify.block import BlockVerification
 from ..verify.token import TokenLevel
 from ..verify.traversal import TraversalVerification
 from ..verify.tree import TreeRules
-from .calibration import Calibration, calibrate
+from .calibration import Calibration, calibrate_in_turn
 from .report import Report
 from .runtime import EAGER_RUNTIME, RuntimeOptions, put_drafter_on_runtime, put_on_runtime
 from .threads import use_threads
 
 # Candidates are measured on this prompt (short: the calibration takes seconds), and threads=auto probes with it
 CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
-# Calibrated candidates: the best ones kept (by predicted speedup; the chosen first) for k=auto's online choice
+# Calibrated candidates: the best ones kept (by predicted speedup; the chosen first; none slower than the target
+# besides it) for k=auto's online choice
 KEEP_CANDIDATES = 3
 
 
@@ -73,32 +74,41 @@ class Drafts:
     calibration: Calibration | None = None
 
 
-def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Drafter], prompt_ids: torch.Tensor, *,
-                   k: int | None = None, k_max: int = 8, sampling: Sampling = GREEDY,
+def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Drafter | Callable[[], Drafter]],
+                   prompt_ids: torch.Tensor, *, k: int | None = None, k_max: int = 8, sampling: Sampling = GREEDY,
                    eos_token_id: int | list[int] | None = None, seed: int = 0,
                    runtime: RuntimeOptions = EAGER_RUNTIME, device: str = "cpu", max_new_tokens: int = 128,
                    report: Report | None = None) -> Drafts:
-    """One drafter on its runtime as it is; or candidates by name, each on its runtime, calibrated on prompt_ids
-    (specdec.auto.calibration) and the best KEEP_CANDIDATES kept behind a DraftSwitch (the chosen one its default:
-    a fixed k drafts with it, k=auto chooses among them every round, specdec.choose.online); the others are dropped
-    from `drafters`. k: the run's draft length (None: k=auto)."""
+    """One drafter on its runtime as it is; or candidates by name (drafters, or functions that build one), each
+    built and put on its runtime in turn, calibrated on prompt_ids (specdec.auto.calibration.calibrate_in_turn: one
+    candidate loaded at a time besides the best so far) and the best KEEP_CANDIDATES kept behind a DraftSwitch (the
+    chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
+    specdec.choose.online); the others are dropped, and their memory handed back. k: the run's draft length (None:
+    k=auto)."""
     options = {"device": device, "max_new_tokens": max_new_tokens, "report": report}
     if not isinstance(drafters, Mapping):
         put_drafter_on_runtime(drafters, runtime, **options)
         return Drafts(drafters, getattr(drafters, "model", None))
-    for drafter in drafters.values():
-        put_drafter_on_runtime(drafter, runtime, **options)
-    result = calibrate(target, drafters, prompt_ids, k=k, k_max=k_max, sampling=sampling, eos_token_id=eos_token_id,
-                       seed=seed)
-    (report or Report()).say("calibration: %s", result.reason)
-    chosen = drafters[result.chosen]
-    models = [getattr(drafters[r.name], "model", None) for r in result.results]  # best first
-    model = getattr(chosen, "model", None) or next((m for m in models if m is not None), None)
-    kept = [result.chosen] + [r.name for r in result.results if r.name != result.chosen][: KEEP_CANDIDATES - 1]
-    switch = DraftSwitch({name: drafters[name] for name in kept}, default=result.chosen)
+
+    def built(candidate: Drafter | Callable[[], Drafter]) -> Callable[[], Drafter]:
+        def build() -> Drafter:
+            built_already = hasattr(candidate, "propose") and not isinstance(candidate, type)  # else what builds one
+            drafter = candidate if built_already else candidate()
+            put_drafter_on_runtime(drafter, runtime, **options)
+            return drafter
+        return build
+
+    builders = {name: built(candidate) for name, candidate in drafters.items()}
     if isinstance(drafters, dict):
-        drafters.clear()  # the other candidates go
-    gc.collect()
+        drafters.clear()  # the candidates live in the calibration only: a dropped one's memory goes back
+    result, kept = calibrate_in_turn(target, builders, prompt_ids, keep=KEEP_CANDIDATES,
+                                     release=partial(release_memory, device), k=k, k_max=k_max, sampling=sampling,
+                                     eos_token_id=eos_token_id, seed=seed)  # fmt: skip
+    (report or Report()).say("calibration: %s", result.reason)
+    chosen = kept[result.chosen]
+    model = getattr(chosen, "model", None) or next((d.model for d in kept.values() if getattr(d, "model", None)
+                                                    is not None), None)  # fmt: skip
+    switch = DraftSwitch(kept, default=result.chosen)  # kept: best first, the chosen one among them
     return Drafts(switch if len(kept) > 1 else chosen, model, result)
 
 

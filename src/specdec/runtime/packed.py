@@ -59,7 +59,9 @@ def build_library(name: str, source: Path, flags: tuple[str, ...] = ()) -> None:
     if reason:
         raise RuntimeError(reason)
     ninja_on_path()
-    build = cache_dir() / "kernels"
+    # a folder per library: torch writes its build.ninja into the folder, and ninja, which drops from its log the
+    # outputs a build.ninja no longer names, would rebuild the other library at its next load (8 s)
+    build = cache_dir() / "kernels" / name
     build.mkdir(parents=True, exist_ok=True)
     cflags = ["-O3", "-mavx512f", "-mfma", "-fopenmp", *flags]  # OpenMP: at::parallel_for
     load(name=name, sources=[str(source)], build_directory=str(build), is_python_module=False, extra_cflags=cflags,
