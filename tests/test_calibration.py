@@ -268,7 +268,7 @@ def test_kept_candidates_are_the_best_but_none_slower_than_the_target_after_the_
 
     results = [result("slow", 1.3, 0.9), result("ngram", 0.01, 1.1, "per_call"), result("int8", 0.5, 1.5),
                result("nf4", 0.7, 1.2)]  # fmt: skip
-    has_model = lambda name: name != "ngram"  # noqa: E731
+    has_model = lambda name: name != "ngram"
     assert kept_names(results, 3, has_model) == ["int8", "nf4", "ngram"]
     assert kept_names(results, 2, has_model) == ["int8", "nf4"]
     assert kept_names(results[:2], 3, has_model) == ["ngram", "slow"]  # the only model, slow as it is, for naive

@@ -77,11 +77,19 @@ def test_wrong_inputs_fail_with_a_message(kernel):
 
 @needs_avx512
 def test_packed_linears_keep_the_model_and_its_tied_weights():
-    """Only the rows in range take the kernel; the output layer keeps the tie to the embedding."""
+    """Only the rows in range take the kernel; the output layer keeps the tie to the embedding; the other weights live
+    as panels only, and come back bit for bit (a prompt's F.linear, unpack_linears)."""
     model = tiny_model("llama", seed=0, scale=20.0)
     reference = model(GREEDY_PROMPT).logits
+    weights = {name: m.weight.detach().clone() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     swapped = pack_linears(model, (1, 4))
     assert swapped == sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+    packed = {name: m for name, m in model.named_modules() if isinstance(m, PackedLinear)}
+    assert [name for name, m in packed.items() if m.weight is not None] == ["lm_head"]
+    assert all(torch.equal(m.dense_weight(), weights[name]) for name, m in packed.items())
+    x = torch.randn(300, model.config.hidden_size)  # past UNPANEL_ROWS: F.linear on the unpanelled weight
+    q_proj = "model.layers.0.self_attn.q_proj"
+    assert torch.equal(packed[q_proj](x), torch.nn.functional.linear(x, weights[q_proj]))
     out = model(GREEDY_PROMPT).logits  # a prompt wider than 4 rows: F.linear
     assert torch.equal(out, reference)
     step = model(GREEDY_PROMPT[:, :3]).logits  # 3 rows: the kernel

@@ -7,8 +7,9 @@ so its cost stays near one read of the weights up to 8 rows (1.03 one-row passes
 Xeon). `pack_linears` swaps a model's float32 or bfloat16 linears for PackedLinear, which calls it for passes of
 `rows` (first, last) rows and keeps F.linear outside them (a prompt). A bfloat16 linear's panels stay bfloat16 (half
 the bytes) and its rows are summed in float32, then rounded to bfloat16. The kernel is batch-invariant: a row's
-output does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights twice (the packed
-panels next to the parameters, which prompts and tied embeddings still read). `packed_int8_copy` makes a weight-only
+output does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights
+once, as panels: a pass outside `rows` (a prompt) unpanels each weight as it goes (bit for bit the weight it was), and
+only the output layer keeps its weight (the input embedding it is tied to, or a draft head's W_S). `packed_int8_copy` makes a weight-only
 int8 copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its
 target at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the
 specdec cache folder (about 7 s: the source includes only the ATen headers it uses).
@@ -29,6 +30,9 @@ from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "kernels" / "packed_mm.cpp"
+# Rows from which a pass outside a PackedLinear's `rows` unpanels its weight for F.linear rather than multiplying by
+# the panels in place (a batched product, faster for fewer rows; the copy of the weight costs less than a millisecond)
+UNPANEL_ROWS = 256
 
 
 def unavailable_reason() -> str | None:
@@ -83,22 +87,46 @@ def load_kernel() -> None:
 
 
 class PackedLinear(torch.nn.Module):
-    """A linear whose passes of `rows` (first, last) rows run on the packed kernel; others use F.linear."""
+    """A linear whose passes of `rows` (first, last) rows run on the packed kernel; others use F.linear, on the weight
+    unpanelled for the call unless it is kept (keep_weight: the same parameter, ties kept)."""
 
-    def __init__(self, linear: torch.nn.Linear, rows: tuple[int, int]):
+    def __init__(self, linear: torch.nn.Linear, rows: tuple[int, int], keep_weight: bool = False):
         super().__init__()
         load_kernel()
-        self.weight, self.bias, self.rows = linear.weight, linear.bias, rows  # the same parameters (ties kept)
+        self.bias, self.rows = linear.bias, rows
+        self.weight = linear.weight if keep_weight else None
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", torch.ops.specdec.pack(linear.weight.detach()), persistent=False)
-        object.__setattr__(self, "original", linear)  # not a submodule: given back by unpack_linears
+
+    def dense_weight(self) -> torch.Tensor:
+        """The (out, in) weight: the kept parameter, or the panels laid back out (the same bits)."""
+        return self.weight if self.weight is not None else unpanel(self.packed, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features  # rows of this pass (static under torch.compile)
-        if not self.rows[0] <= n <= self.rows[1]:
-            return F.linear(x, self.weight, self.bias)
-        return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_mm(rows.float(), self.packed,
-                                                                              self.out_features).to(x.dtype))
+        if self.rows[0] <= n <= self.rows[1]:
+            return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_mm(rows.float(), self.packed,
+                                                                                  self.out_features).to(x.dtype))
+        if self.weight is not None or n >= UNPANEL_ROWS:  # a long prompt: a copy of the weight is cheap next to it
+            return F.linear(x, self.dense_weight(), self.bias)
+        return on_rows(x, self.bias, self.panel_product)
+
+    def panel_product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (n, K) times the weight as a batch of products with its panels, which reads them in place."""
+        return torch.matmul(rows, self.packed).transpose(0, 1).reshape(rows.shape[0], -1)[:, : self.out_features]
+
+    def unpacked(self) -> torch.nn.Linear:
+        """An nn.Linear with this one's weight (the kept parameter, or a new one from the panels) and bias."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        dense = self.dense_weight()
+        linear.weight = dense if isinstance(dense, torch.nn.Parameter) else torch.nn.Parameter(dense, requires_grad=False)
+        linear.bias = self.bias
+        return linear
+
+
+def unpanel(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The (n, K) weight whose panels (P, K, PANEL) pack() made: each panel's columns back as rows."""
+    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:n]
 
 
 class PackedInt8Linear(torch.nn.Module):
@@ -143,12 +171,14 @@ def cpu_linears(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...] = (torch
 
 
 def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
-    """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place); returns how many."""
+    """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place), the output layer's
+    keeping its weight; returns how many."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     swaps = cpu_linears(model, (torch.float32, torch.bfloat16))
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, rows))
+        setattr(parent, name, PackedLinear(child, rows, keep_weight=child is output))
     return len(swaps)
 
 
@@ -197,7 +227,7 @@ def unpack_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, P
     each, for repack_linears."""
     swaps = children_where(model, lambda child: isinstance(child, PackedLinear))
     for parent, name, child in swaps:
-        setattr(parent, name, child.original)
+        setattr(parent, name, child.unpacked())
     return swaps
 
 
@@ -213,6 +243,9 @@ def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int]) -> None:
     if reason:
         log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
         return
+    from .models import off_the_file
+
     pack_linears(model, rows)
+    off_the_file(model)  # what is left of the weights file (embeddings, norms) into memory of its own: it is unmapped
     packed = sum(isinstance(module, PackedLinear) for module in model.modules())
     log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__, packed, *rows)
