@@ -127,14 +127,15 @@ def marked(run_dir: Path, overrides: list[str], run: Callable[[], object]) -> No
 
 def run_then(name: str, pairs: Pairs) -> None:
     """`then=[name]`: the experiment conf/experiment/<name>.yaml after this run, in this process, composed as
-    `python -m experiments.run experiment=<name>` composes it, into its own run folder (hydra.run.dir) with its config
-    in .hydra/ and its log in run.log. The pair cache frees this run's models when the next loads another target."""
+    `python -m experiments.run experiment=<name> threads=null` composes it (threads as the run before chose them), into
+    its own run folder (hydra.run.dir), config in .hydra/, log in run.log. The pair cache frees this run's models when
+    the next loads another target."""
     from hydra import compose
     from omegaconf import OmegaConf, open_dict
 
     from .app import run_experiment
 
-    overrides = [f"experiment={name}"]  # a known name: validate checked `then` before the first run
+    overrides = [f"experiment={name}", "threads=null"]  # a known name: validate checked `then` before the first run
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
     run_dir = Path(os.path.relpath(cfg.hydra.run.dir))
     with open_dict(cfg):

@@ -151,8 +151,7 @@ def draft_quantization(node: DictConfig) -> str:
 
 
 def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Drafts:
-    """The candidates of model.draft, each built when the library comes to it, calibrated by the library
-    (specdec.auto.setup.prepare_drafts: one loaded at a time besides the best so far)."""
+    """model.draft's candidates, each built when the library comes to it (prepare_drafts: one at a time)."""
     candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: partial(instantiate, node, **with_target(node, lambda: target)) for name, node in candidates.items()}
     return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,

@@ -135,16 +135,10 @@ def load_model(
 
         packed_int8_copy(model)
     model = dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
-    return off_the_file(model) if quantization != "none" and device == "cpu" else model
+    if quantization != "none" and device == "cpu":
+        from .packed import off_the_file
 
-
-def off_the_file(model: PreTrainedModel) -> PreTrainedModel:
-    """A quantized model's floating-point tensors left as loaded (embeddings, norms) moved into memory of their own.
-    Loaded as they are, they are views of the mapped weights file, which then stays mapped with every page the
-    quantization read: about 0.5 GB of resident file pages a SmolLM2-135M copy for its 0.11 GB embedding."""
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point():
-            tensor.data = tensor.data.clone()
+        off_the_file(model)
     return model
 
 

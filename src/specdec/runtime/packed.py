@@ -195,6 +195,17 @@ def packed_int8_copy(model: torch.nn.Module) -> int:
     return len(swaps)
 
 
+def off_the_file(model: torch.nn.Module) -> torch.nn.Module:
+    """A quantized or packed model's floating-point tensors left as loaded (embeddings, norms) moved into memory of
+    their own. Loaded as they are, they are views of the mapped weights file, which then stays mapped with every page
+    the quantization or packing read: about 0.5 GB of resident file pages a SmolLM2-135M copy for its 0.11 GB
+    embedding."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.clone()
+    return model
+
+
 def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | None:
     """What the model's packed linears cost at `rows` rows over their cost at one row: the median of `repeats`
     interleaved rounds, each calling every packed linear of the model once on random inputs (None: the model has no
@@ -243,8 +254,6 @@ def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int]) -> None:
     if reason:
         log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
         return
-    from .models import off_the_file
-
     pack_linears(model, rows)
     off_the_file(model)  # what is left of the weights file (embeddings, norms) into memory of its own: it is unmapped
     packed = sum(isinstance(module, PackedLinear) for module in model.modules())
