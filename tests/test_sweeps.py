@@ -193,8 +193,8 @@ def test_the_report_never_compares_timings_of_two_machines(tmp_path: Path):
 
 
 def test_then_runs_each_experiment_in_this_process_into_its_own_folder(tmp_path, monkeypatch):
-    """`then=[article_pair]` (make run): the experiment composed as `experiment=article_pair` composes it, run with the
-    same pair cache, into its own run folder with its config, its log and done.json."""
+    """`then=[article_pair]` (make run): the experiment composed as `experiment=article_pair threads=null` composes it,
+    run with the same pair cache, into its own run folder with its config, its log and done.json."""
     from hydra import initialize_config_dir
 
     from experiments.run import app
@@ -213,7 +213,8 @@ def test_then_runs_each_experiment_in_this_process_into_its_own_folder(tmp_path,
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         run_jobs.run_then("article_pair", pairs)
     (cfg, run_dir, overrides, shared), = calls
-    assert shared is pairs and overrides == ["experiment=article_pair"] and "hydra" not in cfg
+    assert shared is pairs and overrides == ["experiment=article_pair", "threads=null"] and "hydra" not in cfg
+    assert cfg.threads is None  # the threads the run before chose, not a second probe
     assert cfg.model.name == "gemma3_smollm2" and cfg.max_new_tokens == 32 and cfg.then == []
     assert run_dir.parent.parent == Path("outputs") and run_dir.name.endswith("_gemma3_smollm2")
     assert OmegaConf.load(run_dir / ".hydra" / "config.yaml").max_new_tokens == 32
