@@ -254,7 +254,7 @@ def test_candidates_are_built_one_at_a_time_and_dropped_once_out_of_the_best(tar
 
     builders = {f"copy{seed}": copy(seed) for seed in (1, 2, 3, 4)} | {"ngram": NGramDrafter}
     cal, kept = calibrate_in_turn(target, builders, PROMPT, keep=1, release=gc.collect, k=2, repeats=1,
-                                  probe_tokens=8)  # fmt: skip
+                                  max_new_tokens=8)  # fmt: skip
     assert alive_at_build[0] == 0 and max(alive_at_build) <= 2  # the best so far (and a model, if ngram leads)
     assert {r.name for r in cal.results} == set(builders) and cal.chosen == next(iter(kept))
     assert list(kept) == [r.name for r in cal.results if r.name in kept] and len(kept) <= 2

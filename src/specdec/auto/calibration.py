@@ -24,7 +24,10 @@ The model candidates are copies of the target and, by default, draft from the ta
   the value for which Eq. 1 gives the measured tokens per target pass (finding nothing counts as a rejection).
   Candidates are probed in the order of their speedup at alpha = 1 (an upper bound); one whose bound is
   below the best probed speedup cannot win and is not probed (a slow draft costs most to probe).
-Both can be injected (`timings=`, `alphas=`), which makes the choice reproducible in tests.
+Both can be injected (`timings=`, `alphas=`), which makes the choice reproducible in tests. calibrate measures
+candidates that are all loaded; calibrate_in_turn (what specdec.auto.setup.prepare_drafts runs) builds one at a time,
+times it in a window of its own next to target steps, and keeps only the best so far, so that memory never holds
+every copy of the target at once.
 """
 
 from __future__ import annotations
@@ -336,17 +339,14 @@ def calibrate_in_turn(
     release: Callable[[], None] = lambda: None,
     k: int | None = None,
     k_max: int = 8,
-    probe_k: int = 4,
-    probe_tokens: int = 24,
-    sampling: Sampling = GREEDY,
-    eos_token_id: int | list[int] | None = None,
-    seed: int = 0,
     repeats: int = 3,
+    **probe: object,
 ) -> tuple[Calibration, dict[str, Drafter]]:
     """calibrate, loading one candidate at a time, so that memory holds the target, the `keep` best candidates so
     far and the one being measured, not every candidate at once (six copies of the target by default).
 
-    builders: name -> a function that builds the candidate (loads its model, puts it on its runtime). Each is timed
+    builders: name -> a function that builds the candidate (loads its model, puts it on its runtime); probe:
+    measure_alpha's keywords (probe_k, max_new_tokens, sampling, eos_token_id, seed). Each is timed
     in its own interleaved window next to target steps, its c the ratio of the two (the first window also times the
     target's passes); then it is assessed as calibrate assesses it (probed for alpha unless even alpha = 1 could
     not win). Candidates outside the best `keep` (kept_names: none slower than the target but the best) are dropped
@@ -367,16 +367,14 @@ def calibrate_in_turn(
         draft_ms[name] = window.draft_ms[name] * pass_ms[1] / window.step_ms  # c as measured in its own window
         spread = max(spread, window.spread)
         timings = Timings(pass_ms, dict(draft_ms), spread)
-        probe = partial(measure_alpha, target, drafter, ids, probe_k=probe_k, max_new_tokens=probe_tokens,
-                        sampling=sampling, eos_token_id=eos_token_id, seed=seed)  # fmt: skip
         bound = evaluate(name, drafter.draft_cost, timings, 1.0, k, k_max)
-        results.append(assess(bound, results, timings, k, k_max, probe))
+        results.append(assess(bound, results, timings, k, k_max, partial(measure_alpha, target, drafter, ids, **probe)))
         kept[name] = drafter
         names = kept_names(results, keep, lambda n: getattr(kept.get(n), "model", None) is not None)
         dropped = [n for n in kept if n not in names]
         for n in dropped:
             del kept[n]
-        del drafter, probe
+        del drafter
         if dropped:
             release()
     calibration = conclude(results, Timings(pass_ms, draft_ms, spread))
