@@ -100,7 +100,7 @@ def compile_head(head: DraftHead, widths: tuple[int, ...] = HEAD_WIDTHS, capacit
     check_compilable(head.body)
     use_inductor_cache()
     if packed_rows is not None:
-        use_packed_kernel(head, packed_rows)
+        use_packed_kernel(head, packed_rows, keep_weights=True)  # the head reads its weights' dtype and device
     RUNTIMES[head] = CompiledHead(head, widths, capacity, autotune, cpp_wrapper)
     return RUNTIMES[head]
 

@@ -170,15 +170,15 @@ def cpu_linears(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...] = (torch
                           and child.weight.dtype in dtypes and child.weight.device.type == "cpu")
 
 
-def pack_linears(model: torch.nn.Module, rows: tuple[int, int]) -> int:
+def pack_linears(model: torch.nn.Module, rows: tuple[int, int], keep_weights: bool = False) -> int:
     """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place), the output layer's
-    keeping its weight; returns how many."""
+    keeping its weight (every one's with keep_weights: a draft head reads them); returns how many."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     swaps = cpu_linears(model, (torch.float32, torch.bfloat16))
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, rows, keep_weight=child is output))
+        setattr(parent, name, PackedLinear(child, rows, keep_weight=keep_weights or child is output))
     return len(swaps)
 
 
@@ -248,13 +248,14 @@ def repack_linears(swaps: list[tuple[torch.nn.Module, str, PackedLinear]]) -> No
         setattr(parent, name, child)
 
 
-def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int]) -> None:
-    """Swap the model's float32 and bfloat16 CPU linears for packed ones, or say why not."""
+def use_packed_kernel(model: torch.nn.Module, rows: tuple[int, int], keep_weights: bool = False) -> None:
+    """Swap the model's float32 and bfloat16 CPU linears for packed ones (pack_linears), or say why not."""
     reason = unavailable_reason() if model.device.type == "cpu" else "the packed kernel runs on a CPU"
     if reason:
         log.warning("%s keeps inductor's linears: %s", type(model).__name__, reason)
         return
-    pack_linears(model, rows)
-    off_the_file(model)  # what is left of the weights file (embeddings, norms) into memory of its own: it is unmapped
+    pack_linears(model, rows, keep_weights)
+    if not keep_weights:
+        off_the_file(model)  # what is left of the weights file (embeddings, norms) into memory of its own: unmapped
     packed = sum(isinstance(module, PackedLinear) for module in model.modules())
     log.info("%s: %d linears on the packed kernel for passes of %d-%d rows", type(model).__name__, packed, *rows)
