@@ -105,11 +105,10 @@ def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Dra
                                      release=partial(release_memory, device), k=k, k_max=k_max, sampling=sampling,
                                      eos_token_id=eos_token_id, seed=seed)  # fmt: skip
     (report or Report()).say("calibration: %s", result.reason)
-    chosen = kept[result.chosen]
-    model = getattr(chosen, "model", None) or next((d.model for d in kept.values() if getattr(d, "model", None)
-                                                    is not None), None)  # fmt: skip
-    switch = DraftSwitch(kept, default=result.chosen)  # kept: best first, the chosen one among them
-    return Drafts(switch if len(kept) > 1 else chosen, model, result)
+    # kept: best first, the chosen one first of all; the naive method's draft model: the first kept that has one
+    model = next((d.model for d in kept.values() if getattr(d, "model", None) is not None), None)
+    switch = DraftSwitch(kept, default=result.chosen)
+    return Drafts(switch if len(kept) > 1 else kept[result.chosen], model, result)
 
 
 TREE_RULE = {TokenLevel: TreeRules, BlockVerification: TraversalVerification}  # a chain's rule -> its tree form

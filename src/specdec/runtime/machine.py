@@ -175,6 +175,17 @@ def release_memory(device: str = "cpu") -> None:
         torch.cuda.empty_cache()
 
 
+def off_the_file(model: torch.nn.Module) -> torch.nn.Module:
+    """A quantized or packed model's floating-point tensors left as loaded (embeddings, norms) moved into memory of
+    their own. Loaded as they are, they are views of the mapped weights file, which then stays mapped with every page
+    the quantization or packing read: about 0.5 GB of resident file pages a SmolLM2-135M copy for its 0.11 GB
+    embedding."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.clone()
+    return model
+
+
 def reset_peak_rss() -> None:
     """Restart the kernel's high-water mark (Linux), e.g. after loading the models."""
     Path("/proc/self/clear_refs").write_text("5")

@@ -16,6 +16,7 @@ import warnings
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .machine import off_the_file
 from .offline import OFFLINE_ASSETS, ensure_offline_model
 from .tiny import ByteTokenizer, random_model
 
@@ -136,8 +137,6 @@ def load_model(
         packed_int8_copy(model)
     model = dynamic_int8_copy(model, inplace=True) if quantization == "dynamic_int8" else model.eval()
     if quantization != "none" and device == "cpu":
-        from .packed import off_the_file
-
         off_the_file(model)
     return model
 

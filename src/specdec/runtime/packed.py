@@ -1,18 +1,19 @@
 """Packed linears: the verification pass's matrix products on a small-row kernel of our own (kernels/packed_mm.cpp).
 
-Inductor's C++ GEMM reads a layer's weights once for a pass of 1-4 rows, but from 5 rows on its kernel runs at a
-third of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps (docs/performance.md). The packed
-kernel streams each weight panel once, prefetching ahead of itself, and keeps up to 8 rows of outputs in registers,
-so its cost stays near one read of the weights up to 8 rows (1.03 one-row passes at 5 rows, 1.13 at 8 on a 2-core
-Xeon). `pack_linears` swaps a model's float32 or bfloat16 linears for PackedLinear, which calls it for passes of
-`rows` (first, last) rows and keeps F.linear outside them (a prompt). A bfloat16 linear's panels stay bfloat16 (half
-the bytes) and its rows are summed in float32, then rounded to bfloat16. The kernel is batch-invariant: a row's
-output does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights
-once, as panels: a pass outside `rows` (a prompt) unpanels each weight as it goes (bit for bit the weight it was), and
-only the output layer keeps its weight (the input embedding it is tied to, or a draft head's W_S). `packed_int8_copy` makes a weight-only
-int8 copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its
-target at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the
-specdec cache folder (about 7 s: the source includes only the ATen headers it uses).
+Inductor's C++ GEMM reads a layer's weights once for a pass of 1-4 rows, but from 5 rows on its kernel runs at a third
+of the CPU's arithmetic rate, so a pass of 5-9 tokens costs 1.6-3.6 steps (docs/performance.md). The packed kernel
+streams each weight panel once, prefetching ahead of itself, and keeps up to 8 rows of outputs in registers, so its
+cost stays near one read of the weights up to 8 rows (1.03 one-row passes at 5 rows, 1.13 at 8 on a 2-core Xeon).
+`pack_linears` swaps a model's float32 or bfloat16 linears for PackedLinear, which calls it for passes of `rows`
+(first, last) rows, and for other passes (a prompt) multiplies as said below. A bfloat16 linear's panels stay bfloat16 (half the
+bytes) and its rows are summed in float32, then rounded to bfloat16. The kernel is batch-invariant: a row's output
+does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights once,
+as panels: a pass outside `rows` (a prompt) reads the panels in place or unpanels each weight for its call (bit for
+bit the weight it was); only the output layer keeps its parameter (tied to the input embedding), and a draft head
+keeps all of its own (pack_linears' keep_weights). `packed_int8_copy` makes a weight-only int8 copy instead
+(PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its target at a quarter of
+the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the specdec cache folder
+(about 7 s: the source includes only the ATen headers it uses).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .machine import off_the_file
 from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,8 @@ class PackedLinear(torch.nn.Module):
         """An nn.Linear with this one's weight (the kept parameter, or a new one from the panels) and bias."""
         linear = torch.nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
         dense = self.dense_weight()
-        linear.weight = dense if isinstance(dense, torch.nn.Parameter) else torch.nn.Parameter(dense, requires_grad=False)
+        kept = isinstance(dense, torch.nn.Parameter)
+        linear.weight = dense if kept else torch.nn.Parameter(dense, requires_grad=False)
         linear.bias = self.bias
         return linear
 
@@ -193,17 +196,6 @@ def packed_int8_copy(model: torch.nn.Module) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, PackedInt8Linear(child))
     return len(swaps)
-
-
-def off_the_file(model: torch.nn.Module) -> torch.nn.Module:
-    """A quantized or packed model's floating-point tensors left as loaded (embeddings, norms) moved into memory of
-    their own. Loaded as they are, they are views of the mapped weights file, which then stays mapped with every page
-    the quantization or packing read: about 0.5 GB of resident file pages a SmolLM2-135M copy for its 0.11 GB
-    embedding."""
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point():
-            tensor.data = tensor.data.clone()
-    return model
 
 
 def row_cost(model: torch.nn.Module, rows: int, repeats: int = 5) -> float | None:
