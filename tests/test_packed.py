@@ -88,6 +88,9 @@ def test_packed_linears_keep_the_model_and_its_tied_weights():
     assert [name for name, m in packed.items() if m.weight is not None] == ["lm_head"]
     assert all(torch.equal(m.dense_weight(), weights[name]) for name, m in packed.items())
     x = torch.randn(300, model.config.hidden_size)  # past UNPANEL_ROWS: F.linear on the unpanelled weight
+    bf16 = tiny_model("llama", seed=0, scale=20.0).to(torch.bfloat16)  # its prompts run faster on the weights
+    pack_linears(bf16, (1, 4))
+    assert all(m.weight is not None for m in bf16.modules() if isinstance(m, PackedLinear))
     q_proj = "model.layers.0.self_attn.q_proj"
     assert torch.equal(packed[q_proj](x), torch.nn.functional.linear(x, weights[q_proj]))
     out = model(GREEDY_PROMPT).logits  # a prompt wider than 4 rows: F.linear
