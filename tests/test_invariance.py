@@ -31,7 +31,8 @@ WIDEST = 16
 
 
 def on_invariant_runtime(model, invariant: bool = True):
-    """The model on the compiled runtime as runtime=auto runs it, attention row-wise (invariant) or on SDPA."""
+    """The model on the compiled runtime as runtime=auto runs it, attention in one order a row (invariant) or by
+    chunks of slots (kernels/window_attention.cpp)."""
     compile_model(model, widths=(WIDEST,), capacity=256, dynamic_width=True, packed_rows=(1, WIDEST),
                   invariant=invariant)  # fmt: skip
     return model
@@ -81,7 +82,7 @@ def test_greedy_speculative_output_is_target_onlys_on_the_invariant_runtime(arch
     eager_model(target)
 
 
-def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_with_sdpa():
+def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_without():
     from specdec.runtime.models import load_model
 
     tokens = torch.randint(0, 49152, (1, WIDEST), generator=torch.Generator().manual_seed(1))
@@ -93,4 +94,4 @@ def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_w
         same[invariant] = [torch.equal(logits[0], other) for other in logits]
         eager_model(model)
     assert all(same[True])
-    assert not all(same[False])  # SDPA's products: some pass widths round the position differently
+    assert not all(same[False])  # some pass widths round the position differently

@@ -63,3 +63,29 @@ def test_a_rows_bits_do_not_depend_on_where_its_attended_slots_lie(dtype):
     mask2 = torch.zeros(1, 1, 2, 1500, dtype=torch.bool)
     mask2[..., spread] = True
     assert torch.equal(op(q, k2, v2, mask2, 0.125), out)
+
+
+SPLIT_SHAPES = [*SHAPES, (1, 9, 3, 1, 64, 2100), (2, 8, 2, 3, 128, 520), (1, 6, 2, 2, 48, 300)]  # chunks of 256 slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_attention_is_sdpa_and_masked_slots_add_nothing(shape, dtype):
+    """The chunked kernel (float32 passes' attention): SDPA's result; a boolean and an additive mask give the same
+    bits; a wider window's masked slots, even NaN, change no bit; a row that attends to nothing gets zeros."""
+    assert window_kernel()
+    op = torch.ops.specdec.split_attention
+    q, buffer, mask = window(shape, dtype, seed=3)
+    K = mask.shape[-1]
+    k, v = buffer[0, :, :, :K], buffer[1, :, :, :K]
+    out = op(q, k, v, mask, 0.125)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125,
+                                              enable_gqa=True).transpose(1, 2)  # fmt: skip
+    assert out.dtype == dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=1e-2)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert torch.equal(op(q, k, v, additive, 0.125), out)
+    wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 300, dtype=torch.bool)], -1)  # past a chunk's end too
+    assert torch.equal(op(q, buffer[0, :, :, : K + 80], buffer[1, :, :, : K + 80], wider[..., : K + 80], 0.125), out)
+    mask[..., 0, :] = False  # the first row attends to nothing
+    assert torch.equal(op(q, k, v, mask, 0.125)[:, 0], torch.zeros_like(out[:, 0]))

@@ -55,11 +55,14 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
                                       **kwargs)
     window = attention_mask.shape[-1]
     key, value = key[:, :, :window], value[:, :, :window]  # views: the slots past the window are never read
-    if getattr(module, "rowwise", False) and torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # a decode step or verification pass of the compiled runtime
+        rowwise = getattr(module, "rowwise", False)
         if getattr(module, "window_kernel", False) and query.dtype in (torch.float32, torch.bfloat16):
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-            return torch.ops.specdec.window_attention(query, key, value, attention_mask, scale), None
-        return rowwise_attention(query, key, value, attention_mask, scaling), None
+            kernel = torch.ops.specdec.window_attention if rowwise else torch.ops.specdec.split_attention
+            return kernel(query, key, value, attention_mask, scale), None
+        if rowwise:
+            return rowwise_attention(query, key, value, attention_mask, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
@@ -75,9 +78,11 @@ def window_kernel() -> bool:
         return False
     build_library("specdec_window_attention", KERNEL, ("-mavx512bw", "-mavx512vl"))
 
-    @torch.library.register_fake("specdec::window_attention")
-    def _(query, key, value, mask, scale):  # shapes for the compiler: (B, n, H, d)
-        return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+    for op in ("specdec::window_attention", "specdec::split_attention"):
+
+        @torch.library.register_fake(op)
+        def _(query, key, value, mask, scale):  # shapes for the compiler: (B, n, H, d)
+            return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
 
     return True
 
@@ -107,7 +112,7 @@ def use_grouped_attention(model: PreTrainedModel, rowwise: bool = False) -> bool
     if model.config._attn_implementation != "sdpa" or model.device.type != "cpu":
         return False
     model.set_attn_implementation(GROUPED)
-    kernel = rowwise and window_kernel()  # loaded now, not while a graph is traced
+    kernel = window_kernel()  # loaded now, not while a graph is traced
     for module in model.modules():
         if hasattr(module, "q_proj"):  # an attention layer: grouped_sdpa reads the settings from it
             module.rowwise, module.window_kernel = rowwise, kernel

@@ -227,8 +227,196 @@ void attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& va
   out = bnhd.to(query.scalar_type()).contiguous();
 }
 
-at::Tensor window_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                            const at::Tensor& mask, double scale) {
+// ---- Chunked attention: the window read once, by chunks of SPLIT slots, the chunks combined by log-sum-exp ----
+// For float32 passes that need not be batch-invariant (the default float32 runtime): a decode step's few rows
+// (SmolLM2: 3 a key/value head) cannot keep two threads busy row by row, and the cost is reading the cache once.
+// Each (sequence, key/value head, chunk) is one unit of work, read once for all the group's rows: scores, the
+// chunk's maximum m_c, l_c = sum_j exp(s_j - m_c) and o_c = sum_j exp(s_j - m_c) v_j; then each row combines its
+// chunks: m = max_c m_c, out = sum_c e^(m_c - m) o_c / sum_c e^(m_c - m) l_c (Flash-Decoding, Dao et al. 2023).
+// Deterministic, and a wider window's masked slots add nothing, but a row's sums group its slots by chunk and lane:
+// not invariant to where its attended slots lie (window_attention above is).
+constexpr int64_t SPLIT = 256;  // slots per chunk: 64 KB of float32 keys at d = 64
+
+inline __m512 sums16(const __m512* v) {  // lane j: the sum of v[j]'s 16 lanes
+  __m512 w[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One chunk's scores for `rows` query rows (q: float32 rows of d <= 16 V; vm: the lanes of d in each of the V
+// vectors) over `slots` keys from slot `first`: 16 keys at a time, each row's 16 dot products summed lane-wise
+// together (sums16); masked slots NONE. scores: (rows, SPLIT).
+template <int V, typename T, typename M>
+void split_scores(const float* q, int64_t d, const __mmask16* vm, const T* key, int64_t ks, const M* const* mask_of,
+                  int64_t first, int64_t slots, int64_t rows, float scale, float* scores) {
+  __m512 v[16];
+  for (int64_t j0 = 0; j0 < slots; j0 += 16) {
+    const int64_t width = std::min<int64_t>(16, slots - j0);
+    const __mmask16 mk = lanes(width);
+    constexpr int line = 64 / (16 * sizeof(T));  // 16-lane vectors a cache line holds
+    for (int64_t i = 0; i < 16 && j0 + 32 + i < slots; ++i)  // the keys two blocks ahead, on their way
+      for (int e = 0; e < V; e += line)
+        _mm_prefetch(reinterpret_cast<const char*>(key + (first + j0 + 32 + i) * ks + 16 * e), _MM_HINT_T0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * d;
+      for (int i = 0; i < 16; ++i) {  // past the chunk's end (width < 16), its last key again: dropped below
+        const T* ki = key + (first + j0 + std::min<int64_t>(i, width - 1)) * ks;
+        __m512 a = _mm512_mul_ps(load(qr, vm[0]), load(ki, vm[0]));
+        for (int e = 1; e < V; ++e) a = _mm512_fmadd_ps(load(qr + 16 * e, vm[e]), load(ki + 16 * e, vm[e]), a);
+        v[i] = a;
+      }
+      __m512 score = _mm512_mul_ps(sums16(v), _mm512_set1_ps(scale));
+      const M* mr = mask_of[r] + first + j0;
+      __mmask16 live;
+      if constexpr (std::is_same_v<M, bool>) {
+        live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
+      } else {
+        score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
+        live = mk;
+      }
+      live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
+      _mm512_storeu_ps(scores + r * SPLIT + j0, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
+    }
+  }
+}
+
+// o_c of R rows (from row r0), lanes e .. e + 63 (of d), over the chunk: sum_j p_j v_j, masked slots (p_j = 0)
+// skipped.
+template <int R, typename T>
+inline void split_outputs(const float* p, const T* value, int64_t vs, int64_t d, int64_t first, int64_t slots,
+                          int64_t r0, int64_t e, float* acc, int64_t acc_row_stride) {
+  const __mmask16 m[4] = {lanes(d - e), lanes(d - e - 16), lanes(d - e - 32), lanes(d - e - 48)};
+  __m512 a[R][4];
+  for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < slots; ++j) {
+    const T* vj = value + (first + j) * vs + e;
+    const __m512 v0 = load(vj, m[0]), v1 = load(vj + 16, m[1]), v2 = load(vj + 32, m[2]), v3 = load(vj + 48, m[3]);
+    for (int t = 0; t < R; ++t) {
+      const float pj = p[(r0 + t) * SPLIT + j];
+      if (pj == 0.0f) continue;  // not attended to (its value may be anything): no term
+      const __m512 w = _mm512_set1_ps(pj);
+      a[t][0] = _mm512_fmadd_ps(w, v0, a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w, v1, a[t][1]);
+      a[t][2] = _mm512_fmadd_ps(w, v2, a[t][2]);
+      a[t][3] = _mm512_fmadd_ps(w, v3, a[t][3]);
+    }
+  }
+  for (int t = 0; t < R; ++t)
+    for (int u = 0; u < 4; ++u) _mm512_mask_storeu_ps(acc + (r0 + t) * acc_row_stride + e + 16 * u, m[u], a[t][u]);
+}
+
+// Chunked attention for d <= 16 V (V = 1, 2, 4, 8 or 16: d up to 256); out (B, n, H, d) in the query's dtype.
+template <int V, typename T, typename M>
+void split_attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+                  double scale, at::Tensor& out) {
+  const int64_t d = query.size(3);
+  const Shape s{query.size(0), query.size(1), key.size(1), query.size(2), d, key.size(2),
+                (key.size(2) + SPLIT - 1) / SPLIT};
+  __mmask16 vm[V];
+  for (int e = 0; e < V; ++e) vm[e] = lanes(d - 16 * e);
+  const int64_t group = s.H / s.Hkv, rows = group * s.n;
+  at::Tensor q = query.to(at::kFloat).contiguous();
+  at::Tensor parts = at::empty({s.B * s.H * s.n, s.chunks, d + 2}, query.options().dtype(at::kFloat));  // o_c, m_c, l_c
+  const float* qp = q.data_ptr<float>();
+  float* pp = parts.data_ptr<float>();
+  const int64_t stride = s.chunks * (d + 2);  // a row's parts
+  const T* kp = key.data_ptr<T>();
+  const T* vp = value.data_ptr<T>();
+  const M* mp = mask.data_ptr<M>();
+  const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1), mb = mask.size(0) == 1 ? 0 : mask.stride(0);
+  at::parallel_for(0, s.B * s.Hkv * s.chunks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> buffer;
+    buffer.resize(rows * SPLIT);
+    float* p = buffer.data();
+    thread_local std::vector<const M*> masks;
+    masks.resize(rows);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t c = u % s.chunks, h = (u / s.chunks) % s.Hkv, b = u / (s.chunks * s.Hkv);
+      const int64_t first = c * SPLIT, slots = std::min(SPLIT, s.K - first), row0 = (b * s.H + h * group) * s.n;
+      const M* mbase = mp + b * mb + h * group * mh;
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < s.n; ++i) masks[g * s.n + i] = mbase + g * mh + i * mask.stride(2);
+      const T* kh = kp + b * key.stride(0) + h * key.stride(1);
+      const T* vh = vp + b * value.stride(0) + h * value.stride(1);
+      split_scores<V, T, M>(qp + row0 * d, d, vm, kh, key.stride(2), masks.data(), first, slots, rows, float(scale), p);
+      float* part = pp + row0 * stride + c * (d + 2);
+      for (int64_t r = 0; r < rows; ++r) {  // the chunk's maximum, probabilities and their sum
+        float* row = p + r * SPLIT;
+        __m512 best = _mm512_set1_ps(NONE);
+        for (int64_t j = 0; j < slots; j += 16) best = _mm512_max_ps(best, _mm512_mask_loadu_ps(best, lanes(slots - j), row + j));
+        const float m = _mm512_reduce_max_ps(best);
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t j = 0; j < slots; j += 16) {
+          const __mmask16 mk = lanes(slots - j);
+          const __m512 x = _mm512_maskz_loadu_ps(mk, row + j);
+          const __mmask16 live = m == NONE ? 0 : _mm512_mask_cmp_ps_mask(mk, x, _mm512_set1_ps(NONE), _CMP_NEQ_OQ);
+          const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, _mm512_set1_ps(m))));
+          _mm512_mask_storeu_ps(row + j, mk, e);
+          total = _mm512_add_ps(total, e);
+        }
+        part[r * stride + d] = m;
+        part[r * stride + d + 1] = _mm512_reduce_add_ps(total);
+      }
+      for (int64_t e = 0; e < d; e += 64) {
+        int64_t r = 0;
+        for (; r + 6 <= rows; r += 6) split_outputs<6, T>(p, vh, value.stride(2), d, first, slots, r, e, part, stride);
+        for (; r + 3 <= rows; r += 3) split_outputs<3, T>(p, vh, value.stride(2), d, first, slots, r, e, part, stride);
+        for (; r < rows; ++r) split_outputs<1, T>(p, vh, value.stride(2), d, first, slots, r, e, part, stride);
+      }
+    }
+  });
+  at::Tensor result = at::empty({s.B, s.n, s.H, d}, query.options().dtype(at::kFloat));
+  float* rp = result.data_ptr<float>();
+  at::parallel_for(0, s.B * s.H * s.n, 64, [&](int64_t begin, int64_t end) {  // each row: its chunks combined
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = r % s.n, h = (r / s.n) % s.H, b = r / (s.n * s.H);
+      const float* part = pp + r * stride;
+      float top = NONE;
+      for (int64_t c = 0; c < s.chunks; ++c) top = std::max(top, part[c * (d + 2) + d]);
+      __m512 o[V];
+      for (int u = 0; u < V; ++u) o[u] = _mm512_setzero_ps();
+      float l = 0.0f;
+      for (int64_t c = 0; top != NONE && c < s.chunks; ++c) {
+        const float* pc = part + c * (d + 2);
+        if (pc[d] == NONE) continue;  // nothing attended to in this chunk
+        const float w = std::exp(pc[d] - top);
+        l += w * pc[d + 1];
+        for (int u = 0; u < V; ++u) o[u] = _mm512_fmadd_ps(_mm512_set1_ps(w), load(pc + 16 * u, vm[u]), o[u]);
+      }
+      const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);  // nothing attended to: zeros
+      float* dst = rp + ((b * s.n + i) * s.H + h) * d;
+      for (int u = 0; u < V; ++u) _mm512_mask_storeu_ps(dst + 16 * u, vm[u], _mm512_mul_ps(o[u], inv));
+    }
+  });
+  out = query.scalar_type() == at::kFloat ? result : result.to(query.scalar_type());
+}
+
+// The chunked kernel for d up to 256 (in 1, 2, 4, 8 or 16 vectors of 16 lanes), else window_attention's (one order
+// a row); out (B, n, H, d).
+template <typename T, typename M>
+void split_or_window(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+                     double scale, at::Tensor& out) {
+  const int64_t d = query.size(3);
+  if (d <= 16) return split_attend<1, T, M>(query, key, value, mask, scale, out);
+  if (d <= 32) return split_attend<2, T, M>(query, key, value, mask, scale, out);
+  if (d <= 64) return split_attend<4, T, M>(query, key, value, mask, scale, out);
+  if (d <= 128) return split_attend<8, T, M>(query, key, value, mask, scale, out);
+  if (d <= 256) return split_attend<16, T, M>(query, key, value, mask, scale, out);
+  return attend<T, M>(query, key, value, mask, scale, out);
+}
+
+// Checks the arguments, then runs attend (one order a row: window_attention) or split_attend (split_attention).
+at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+               double scale, bool split) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask.dim() == 4, "4-D tensors expected");
   TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "keys and values need contiguous rows");
   TORCH_CHECK(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(), "one dtype");
@@ -240,19 +428,36 @@ at::Tensor window_attention(const at::Tensor& query, const at::Tensor& key, cons
   at::Tensor m = boolean ? mask : mask.to(at::kFloat);
   if (m.stride(3) != 1) m = m.contiguous();
   if (query.scalar_type() == at::kFloat) {
-    boolean ? attend<float, bool>(query, key, value, m, scale, out) : attend<float, float>(query, key, value, m, scale, out);
+    if (split) boolean ? split_or_window<float, bool>(query, key, value, m, scale, out) : split_or_window<float, float>(query, key, value, m, scale, out);
+    else boolean ? attend<float, bool>(query, key, value, m, scale, out) : attend<float, float>(query, key, value, m, scale, out);
   } else {
     TORCH_CHECK(query.scalar_type() == at::kBFloat16, "float32 or bfloat16 expected");
-    boolean ? attend<at::BFloat16, bool>(query, key, value, m, scale, out)
-            : attend<at::BFloat16, float>(query, key, value, m, scale, out);
+    if (split) boolean ? split_or_window<at::BFloat16, bool>(query, key, value, m, scale, out)
+                       : split_or_window<at::BFloat16, float>(query, key, value, m, scale, out);
+    else boolean ? attend<at::BFloat16, bool>(query, key, value, m, scale, out)
+                 : attend<at::BFloat16, float>(query, key, value, m, scale, out);
   }
   return out;
+}
+
+at::Tensor window_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& mask, double scale) {
+  return run(query, key, value, mask, scale, false);
+}
+
+at::Tensor split_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                           const at::Tensor& mask, double scale) {
+  return run(query, key, value, mask, scale, true);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("window_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+  m.def("split_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("window_attention", &window_attention); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("window_attention", &window_attention);
+  m.impl("split_attention", &split_attention);
+}
