@@ -72,7 +72,8 @@ SPLIT_SHAPES = [*SHAPES, (1, 9, 3, 1, 64, 2100), (2, 8, 2, 3, 128, 520), (1, 6, 
 @pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_split_attention_is_sdpa_and_masked_slots_add_nothing(shape, dtype):
     """The chunked kernel (float32 passes' attention): SDPA's result; a boolean and an additive mask give the same
-    bits; a wider window's masked slots, even NaN, change no bit; a row that attends to nothing gets zeros."""
+    bits, and so does a wider window (its masked slots, even NaN, add nothing); a row that attends to nothing gets
+    zeros."""
     assert window_kernel()
     op = torch.ops.specdec.split_attention
     q, buffer, mask = window(shape, dtype, seed=3)
