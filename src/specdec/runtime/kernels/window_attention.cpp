@@ -372,6 +372,8 @@ inline void split_outputs(const float* p, const T* value, int64_t vs, int64_t d,
   for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
   for (int64_t j = 0; j < slots; ++j) {
     const T* vj = value + (first + j) * vs + e;
+    for (int u = 0; u < 4; u += 64 / (16 * sizeof(T)))  // the value 16 slots ahead, on its way
+      _mm_prefetch(reinterpret_cast<const char*>(vj + 16 * vs + 16 * u), _MM_HINT_T0);
     const __m512 v0 = load(vj, m[0]), v1 = load(vj + 16, m[1]), v2 = load(vj + 32, m[2]), v3 = load(vj + 48, m[3]);
     for (int t = 0; t < R; ++t) {
       const float pj = p[(r0 + t) * SPLIT + j];
