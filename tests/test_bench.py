@@ -218,6 +218,7 @@ def test_scaling_rows_have_every_contender(tmp_path):
     )  # fmt: skip
     assert [r["new_tokens"] for r in out["by_max_new_tokens"]] == [4, 8]
     assert out["by_prompt_length"][0]["prompt_tokens"] == 300
+    assert all(r["target_step_ms_at_end"] > 0 for r in [*out["by_max_new_tokens"], *out["by_prompt_length"]])
     assert all(r[f"{name}_ms_per_token"] > 0 for r in out["by_max_new_tokens"] for name in ("ar", "hf_plain", "spec_ngram"))
     assert "by_prompt_length" in (tmp_path / "scaling.md").read_text()
 

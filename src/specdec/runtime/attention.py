@@ -10,9 +10,16 @@ It also reads only the slots its mask covers: the compiled runtime's cache is a 
 masks cover a window of the slots in use (rounded up to a multiple of WINDOW, one graph for every window), not the
 whole buffer.
 
-Batch-invariant passes (`rowwise=True`): inside a compiled pass, attention on a kernel of our own
-(kernels/window_attention.cpp, torch.ops.specdec.window_attention) instead of SDPA's matrix products, whose kernels
-sum in an order that depends on the number of query rows (in bfloat16, a position's logits then differ between a
+Inside a compiled pass (decode steps and verification passes), where the CPU has AVX-512, attention runs on kernels
+of our own (kernels/window_attention.cpp). By default torch.ops.specdec.split_attention: each chunk of 256 slots of a
+key/value head is one unit of work for the threads, its keys and values read once for all the head's query rows, and
+each row's chunks are combined by their log-sum-exp (Flash-Decoding). Reading the cache is the cost after long
+contexts, and a step's few rows leave SDPA's threads idle: after 2048 tokens SmolLM2's 30 layers attend in about half
+SDPA's time (docs/performance.md, context length).
+
+Batch-invariant passes (`rowwise=True`): torch.ops.specdec.window_attention instead, whose order of summation does
+not depend on the pass. SDPA's matrix products (and the chunked kernel) sum in an order that depends on the number
+of query rows (in bfloat16, a position's logits then differ between a
 one-token step and a verification pass, and greedy outputs part at near-ties). It sums each score over d in one
 order, and a row's denominator and outputs over the slots it attends to, one after another in slot order, whatever
 the pass's width; it reads each key/value head in place (a bfloat16 cache as bfloat16). With the linears on the

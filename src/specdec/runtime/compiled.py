@@ -270,9 +270,10 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     window: attention's window of the cache (CompiledForward.window; 0: every slot). cuda_graphs: on a GPU, a pass
     seen before on a cache replays as a CUDA graph (specdec.runtime.graphs). dynamic_width: on a CPU, one graph for
     every width up to the widest (CompiledForward). invariant: on a CPU, attention in compiled passes on a kernel that
-    sums each row in one order (specdec.runtime.attention): with packed linears, batch-invariant passes; None: for a
-    bfloat16 or float16 model (in float32 SDPA's rounding differences stay below what flips a greedy token in
-    practice, and row-wise sums cost more at long contexts: docs/performance.md)."""
+    sums each row in one order (specdec.runtime.attention): with packed linears, batch-invariant passes; False: on
+    the chunked kernel (faster after long contexts); None: True for a bfloat16 or float16 model (in float32 the
+    chunked kernel's rounding differences between a step and a pass stay below what flips a greedy token in
+    practice: docs/performance.md)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
     if use_grouped_attention(model, rowwise=invariant):

@@ -36,11 +36,20 @@ def forward_ms(model: PreTrainedModel, prefix: torch.Tensor, n_tokens: int, repe
 
     n_tokens = 1 is what Thm 3.8 calls a step; n_tokens = k + 1 is one verification pass.
     """
-    lm = CachedLM(model)
-    lm.forward(prefix, last_only=True)
-    step = {"step": partial(lm.forward, pass_tokens(prefix, n_tokens))}
-    seconds = interleaved_medians(step, repeats, warmup, prefix.device, after={"step": partial(lm.crop, lm.length)})
-    return 1000 * seconds["step"]
+    return forwards_ms(model, {"step": prefix}, n_tokens, repeats, warmup)["step"]
+
+
+def forwards_ms(model: PreTrainedModel, prefixes: dict, n_tokens: int = 1, repeats: int = 9,
+                warmup: int = 1) -> dict:
+    """forward_ms after each of several prefixes (key -> (1, L)), the forwards after all of them interleaved: a
+    ratio between two contexts then compares the same minutes of the machine's load."""
+    lms = {key: CachedLM(model) for key in prefixes}
+    for key, lm in lms.items():
+        lm.forward(prefixes[key], last_only=True)
+    steps = {key: partial(lm.forward, pass_tokens(prefixes[key], n_tokens)) for key, lm in lms.items()}
+    crops = {key: partial(lm.crop, lm.length) for key, lm in lms.items()}
+    device = next(iter(prefixes.values())).device
+    return {key: 1000 * s for key, s in interleaved_medians(steps, repeats, warmup, device, after=crops).items()}
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from .cached import CachedLM
 from .compiled import CompiledForward, compile_model, compiled_forward, eager_model
 from .models import DTYPES
-from .probes import forward_ms, pass_tokens, timed_step
+from .probes import forward_ms, forwards_ms, pass_tokens, timed_step
 from .timing import interleaved_samples, stopwatch
 
 
@@ -384,14 +384,17 @@ def rotated(items: Sequence[Item], shift: int) -> list[Item]:
     return [*items[shift:], *items[:shift]]
 
 
+STEP_REPEATS = 9  # interleaved rounds of scaling_study's target steps, one at every row's context
+
+
 def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt: torch.Tensor, lengths: list[int],
                   prompt_lengths: list[int], seed: int = 0, log: Callable[[str], None] = lambda s: None) -> dict:
     """Milliseconds per generated token vs max_new_tokens and vs prompt length (end tokens ignored), for each loop
     run(ids, n, seed) (clocked's fn) after prompt (1, L).
 
     Next to each loop's wall time per token: its time outside the target's forwards (the loop's own cost, which
-    must not grow with the length) and the target's one-token step at the final context. The prompt is lengthened
-    by repeating itself in front of it.
+    must not grow with the length) and the target's one-token step at the final context, the steps at every row's
+    context timed interleaved (STEP_REPEATS rounds). The prompt is lengthened by repeating itself in front of it.
     """
     clock = ForwardClock({"target": target})
     for run in runs.values():
@@ -399,8 +402,7 @@ def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt:
     filler = prompt.repeat(1, 1 + max([*lengths, *prompt_lengths]) // prompt.shape[-1])
 
     def row(ids: torch.Tensor, n: int) -> dict:
-        context = torch.cat([ids, filler[:, :n]], dim=-1)[:, : ids.shape[-1] + n]  # (1, L + n)
-        r = {"prompt_tokens": ids.shape[-1], "new_tokens": n, "target_step_ms_at_end": forward_ms(target, context, 1, 5)}
+        r = {"prompt_tokens": ids.shape[-1], "new_tokens": n, "target_step_ms_at_end": None}  # timed below
         for name, run in runs.items():
             measured = clocked(clock, run, ids, n, seed)
             r[f"{name}_ms_per_token"] = 1000 * measured.seconds / len(measured.tokens)
@@ -413,6 +415,11 @@ def scaling_study(runs: Mapping[str, Callable], target: PreTrainedModel, prompt:
     by_prompt = [row(torch.cat([filler[:, : L - prompt.shape[-1]], prompt], dim=-1), lengths[0])
                  for L in prompt_lengths if L >= prompt.shape[-1]]  # fmt: skip
     clock.remove()
+    rows = [*by_new, *by_prompt]
+    ends = {i: torch.cat([filler[:, : r["prompt_tokens"]], filler[:, : r["new_tokens"]]], dim=-1)  # (1, L + n)
+            for i, r in enumerate(rows)}  # fmt: skip
+    for i, ms in forwards_ms(target, ends, 1, STEP_REPEATS).items():
+        rows[i]["target_step_ms_at_end"] = ms
     return {"by_max_new_tokens": by_new, "by_prompt_length": by_prompt}
 
 
