@@ -63,3 +63,23 @@ def test_plain_step_share_pools_the_prompts_by_their_rounds():
     run = {"prompts": [{"rounds": 10, "plain_step_share": 0.5}, {"rounds": 30, "plain_step_share": 0.1}]}
     assert plain_step_share(run) == pytest.approx((5 + 3) / 40)
     assert plain_step_share({"prompts": [{"rounds": 0, "plain_step_share": None}]}) is None  # target-only
+
+
+def test_forwards_ms_times_a_step_after_each_context_and_leaves_none_behind(monkeypatch):
+    """bench=context's steps: one cached forward after each prefix, every round running each context once, each
+    cache cropped back after its forward."""
+    from specdec.runtime import probes
+
+    model = tiny_model("llama", seed=0)
+    prefixes = {64: torch.randint(0, 64, (1, 64)), 300: torch.randint(0, 64, (1, 300))}
+    lengths, forward = [], probes.CachedLM.forward
+
+    def counted(lm, ids, *args, **kwargs):
+        lengths.append((lm.length, ids.shape[-1]))
+        return forward(lm, ids, *args, **kwargs)
+
+    monkeypatch.setattr(probes.CachedLM, "forward", counted)
+    ms = probes.forwards_ms(model, prefixes, 1, repeats=3, warmup=1)
+    assert set(ms) == {64, 300} and all(v > 0 for v in ms.values())
+    steps = lengths[2:]  # after the two prefills: (cache length, tokens) of every timed forward, in order
+    assert sorted(steps) == sorted([(64, 1), (300, 1)] * 4)  # warm-up and 3 rounds, each at its own context
