@@ -71,7 +71,7 @@ def test_forwards_ms_times_a_step_after_each_context_and_leaves_none_behind(monk
     from specdec.runtime import probes
 
     model = tiny_model("llama", seed=0)
-    prefixes = {64: torch.randint(0, 64, (1, 64)), 300: torch.randint(0, 64, (1, 300))}
+    prefixes = {64: torch.randint(0, 16, (1, 64)), 300: torch.randint(0, 16, (1, 300))}
     lengths, forward = [], probes.CachedLM.forward
 
     def counted(lm, ids, *args, **kwargs):
