@@ -25,11 +25,19 @@ def window(shape, dtype, seed=0):
     return q, buffer, mask
 
 
+# several chunks of the chunked kernel's 256 slots; d = 8, 48, 64, 128, 256; 1 to 16 rows
+SHAPES = [*SHAPES, (1, 9, 3, 1, 64, 2100), (2, 8, 2, 3, 128, 520), (1, 6, 2, 2, 48, 300)]
+
+
+@pytest.mark.parametrize("kernel", ["window_attention", "split_attention"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_window_attention_is_sdpa_and_each_rows_bits_are_its_own(shape, dtype):
+def test_attention_kernels_are_sdpa_and_masked_slots_add_nothing(shape, dtype, kernel):
+    """Either kernel: SDPA's result; a boolean and an additive mask give the same bits, and so does a wider window
+    (a wider pass's: its masked slots, even NaN, add nothing); a row that attends to nothing gets zeros. The window
+    kernel (batch-invariant passes): one row alone (a step) has the bits it has among the others (a pass)."""
     assert window_kernel()
-    op = torch.ops.specdec.window_attention
+    op = getattr(torch.ops.specdec, kernel)
     q, buffer, mask = window(shape, dtype)
     K = mask.shape[-1]
     k, v = buffer[0, :, :, :K], buffer[1, :, :, :K]
@@ -39,12 +47,14 @@ def test_window_attention_is_sdpa_and_each_rows_bits_are_its_own(shape, dtype):
     assert out.dtype == dtype and out.shape == expected.shape
     torch.testing.assert_close(out.float(), expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=1e-2)
     additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-    assert torch.equal(op(q, k, v, additive, 0.125), out)  # the same mask, additive
-    for i in range(q.shape[2]):  # one row alone (a step) has the bits it has among the others (a pass)
-        assert torch.equal(op(q[:, :, i : i + 1], k, v, mask[:, :, i : i + 1], 0.125)[:, 0], out[:, i])
-    wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 70, dtype=torch.bool)], -1)  # a wider pass's window
-    buffer[..., K:, :] = torch.randn(buffer[..., K:, :].shape).to(dtype)
-    assert torch.equal(op(q, buffer[0, :, :, : K + 70], buffer[1, :, :, : K + 70], wider, 0.125), out)
+    assert torch.equal(op(q, k, v, additive, 0.125), out)
+    wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 80, dtype=torch.bool)], -1)  # NaN slots, past a chunk too
+    assert torch.equal(op(q, buffer[0, :, :, : K + 80], buffer[1, :, :, : K + 80], wider, 0.125), out)
+    if kernel == "window_attention":
+        for i in range(q.shape[2]):
+            assert torch.equal(op(q[:, :, i : i + 1], k, v, mask[:, :, i : i + 1], 0.125)[:, 0], out[:, i])
+    mask[..., 0, :] = False  # the first row attends to nothing
+    assert torch.equal(op(q, k, v, mask, 0.125)[:, 0], torch.zeros_like(out[:, 0]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,29 +74,3 @@ def test_a_rows_bits_do_not_depend_on_where_its_attended_slots_lie(dtype):
     mask2[..., spread] = True
     assert torch.equal(op(q, k2, v2, mask2, 0.125), out)
 
-
-SPLIT_SHAPES = [*SHAPES, (1, 9, 3, 1, 64, 2100), (2, 8, 2, 3, 128, 520), (1, 6, 2, 2, 48, 300)]  # chunks of 256 slots
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_split_attention_is_sdpa_and_masked_slots_add_nothing(shape, dtype):
-    """The chunked kernel (float32 passes' attention): SDPA's result; a boolean and an additive mask give the same
-    bits, and so does a wider window (its masked slots, even NaN, add nothing); a row that attends to nothing gets
-    zeros."""
-    assert window_kernel()
-    op = torch.ops.specdec.split_attention
-    q, buffer, mask = window(shape, dtype, seed=3)
-    K = mask.shape[-1]
-    k, v = buffer[0, :, :, :K], buffer[1, :, :, :K]
-    out = op(q, k, v, mask, 0.125)
-    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125,
-                                              enable_gqa=True).transpose(1, 2)  # fmt: skip
-    assert out.dtype == dtype and out.shape == expected.shape
-    torch.testing.assert_close(out.float(), expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=1e-2)
-    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-    assert torch.equal(op(q, k, v, additive, 0.125), out)
-    wider = torch.cat([mask, torch.zeros(*mask.shape[:-1], 300, dtype=torch.bool)], -1)  # past a chunk's end too
-    assert torch.equal(op(q, buffer[0, :, :, : K + 80], buffer[1, :, :, : K + 80], wider[..., : K + 80], 0.125), out)
-    mask[..., 0, :] = False  # the first row attends to nothing
-    assert torch.equal(op(q, k, v, mask, 0.125)[:, 0], torch.zeros_like(out[:, 0]))
