@@ -14,8 +14,8 @@ Inside a compiled pass (decode steps and verification passes), where the CPU has
 of our own (kernels/window_attention.cpp). By default torch.ops.specdec.split_attention: each chunk of 256 slots of a
 key/value head is one unit of work for the threads, its keys and values read once for all the head's query rows, and
 each row's chunks are combined by their log-sum-exp (Flash-Decoding). Reading the cache is the cost after long
-contexts, and a step's few rows leave SDPA's threads idle: after 2048 tokens SmolLM2's 30 layers attend in about half
-SDPA's time (docs/performance.md, context length).
+contexts: after 2048 tokens SmolLM2's 30 layers attend in about half SDPA's time (docs/performance.md, context
+length).
 
 Batch-invariant passes (`rowwise=True`): torch.ops.specdec.window_attention instead, whose order of summation does
 not depend on the pass. SDPA's matrix products (and the chunked kernel) sum in an order that depends on the number

@@ -64,39 +64,95 @@ struct Shape {
   int64_t B, H, Hkv, n, d, K, chunks;
 };
 
-// The scores of R rows (from row r) against a block of 16 transposed keys kt (d, 16) at slot j: each row sums over d
-// in four chains (e mod 4), added in a fixed order, the same arithmetic whatever R; masked slots -inf.
+inline __m512 sums16(const __m512* v) {  // lane j: the sum of v[j]'s 16 lanes
+  __m512 w[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// 16 vectors (16 slots' values at 16 lanes of d) to their transpose: out[c] holds lane c of each of the 16.
+inline void transpose16(const __m512* r, __m512* out) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const __m512d a = _mm512_castps_pd(t[4 * g + h]), b = _mm512_castps_pd(t[4 * g + h + 2]);
+      u[4 * g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[4 * g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 a2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 b2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    out[c] = _mm512_shuffle_f32x4(a, a2, _MM_SHUFFLE(2, 0, 2, 0));
+    out[8 + c] = _mm512_shuffle_f32x4(a, a2, _MM_SHUFFLE(3, 1, 3, 1));
+    out[4 + c] = _mm512_shuffle_f32x4(b, b2, _MM_SHUFFLE(2, 0, 2, 0));
+    out[12 + c] = _mm512_shuffle_f32x4(b, b2, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// A block of 16 keys from slot j (past `width`, the last one again) transposed and widened to float32: kt (d rounded
+// up to 16, 16), lane i of row e the key j + i's e-th value. Exact: a transposition moves values, it sums nothing.
+template <typename T>
+inline void transpose_keys(const T* key, int64_t ks, int64_t j, int64_t width, int64_t d, float* kt) {
+  __m512 rows[16], out[16];
+  for (int64_t e0 = 0; e0 < d; e0 += 16) {
+    for (int i = 0; i < 16; ++i) rows[i] = load(key + (j + std::min<int64_t>(i, width - 1)) * ks + e0, lanes(d - e0));
+    transpose16(rows, out);
+    for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kt + (e0 + c) * 16, out[c]);
+  }
+}
+
+// A row's 16 scores of a block (the first `mk` lanes), scaled, its mask applied (masked slots NONE), stored.
+template <typename M>
+inline void store_scores(__m512 score, const M* mr, __mmask16 mk, float scale, float* scores) {
+  score = _mm512_mul_ps(score, _mm512_set1_ps(scale));
+  __mmask16 live;
+  if constexpr (std::is_same_v<M, bool>) {
+    live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
+  } else {
+    score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
+    live = mk;
+  }
+  live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
+  _mm512_mask_storeu_ps(scores, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
+}
+
+// The scores of R rows (from row r; q: rows of d) against a block of 16 transposed keys kt (d, 16), `width` of them
+// real: each row sums over d in four chains (e mod 4), added in a fixed order, the same arithmetic whatever R; masked
+// slots -inf (each row's mask read from mask_of[row] + j), stored at scores + row * stride.
 template <int R, typename M>
-inline void score_rows(const float* q, const float* kt, const M* const* mask_of, int64_t r, const Shape& s,
-                       int64_t width, int64_t j, float scale, float* scores) {
+inline void score_rows(const float* q, int64_t d, const float* kt, const M* const* mask_of, int64_t j, int64_t r,
+                       int64_t width, float scale, float* scores, int64_t stride) {
   __m512 a[R][4];
   for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
-  const float* qr = q + r * s.d;
+  const float* qr = q + r * d;
   int64_t e = 0;
-  for (; e + 4 <= s.d; e += 4)
+  for (; e + 4 <= d; e += 4)
     for (int u = 0; u < 4; ++u) {
       const __m512 k = _mm512_loadu_ps(kt + (e + u) * 16);
-      for (int t = 0; t < R; ++t) a[t][u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * s.d + e + u]), k, a[t][u]);
+      for (int t = 0; t < R; ++t) a[t][u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * d + e + u]), k, a[t][u]);
     }
-  for (; e < s.d; ++e) {
+  for (; e < d; ++e) {
     const __m512 k = _mm512_loadu_ps(kt + e * 16);
-    for (int t = 0; t < R; ++t) a[t][0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * s.d + e]), k, a[t][0]);
+    for (int t = 0; t < R; ++t) a[t][0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[t * d + e]), k, a[t][0]);
   }
-  const __mmask16 mk = lanes(width);
-  for (int t = 0; t < R; ++t) {
-    __m512 score = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])),
-                                 _mm512_set1_ps(scale));
-    const M* mr = mask_of[r + t] + j;
-    __mmask16 live;
-    if constexpr (std::is_same_v<M, bool>) {  // true: attend
-      live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
-    } else {
-      score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
-      live = mk;
-    }
-    live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
-    _mm512_mask_storeu_ps(scores + (r + t) * s.K + j, mk, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
-  }
+  for (int t = 0; t < R; ++t)
+    store_scores<M>(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])),
+                    mask_of[r + t] + j, lanes(width), scale, scores + (r + t) * stride);
 }
 
 // The scores of one (sequence, key/value head, chunk of slots): each of the group's `rows` query rows (q: float32,
@@ -107,7 +163,7 @@ void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64
                   int64_t mask_head_stride, const Shape& s, int64_t c, float scale, float* scores, int64_t group) {
   const int64_t first = c * CHUNK, slots = std::min(CHUNK, s.K - first), rows = group * s.n;
   thread_local std::vector<float> transposed;
-  transposed.resize(s.d * 16);
+  transposed.resize((s.d + 15) / 16 * 16 * 16);
   float* kt = transposed.data();  // (d, 16): a block of 16 keys, transposed and widened to float32
   thread_local std::vector<const M*> masks;
   masks.resize(rows);
@@ -115,28 +171,23 @@ void chunk_scores(const float* q, const T* key, int64_t ks, const M* mask, int64
   for (int64_t g = 0; g < group; ++g)
     for (int64_t i = 0; i < s.n; ++i) mask_of[g * s.n + i] = mask + g * mask_head_stride + i * mask_row_stride;
   for (int64_t j0 = 0; j0 < slots; j0 += 16) {
-    const int64_t width = std::min<int64_t>(16, slots - j0);
-    for (int64_t i = 0; i < width; ++i) {
-      const T* ki = key + (first + j0 + i) * ks;
-      for (int64_t e = 0; e < s.d; ++e) kt[e * 16 + i] = float(ki[e]);
-    }
-    for (int64_t i = width; i < 16; ++i)
-      for (int64_t e = 0; e < s.d; ++e) kt[e * 16 + i] = 0.0f;
+    const int64_t width = std::min<int64_t>(16, slots - j0), j = first + j0;
+    transpose_keys<T>(key, ks, j, width, s.d, kt);
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) score_rows<4, M>(q, kt, mask_of, r, s, width, first + j0, scale, scores);
-    for (; r < rows; ++r) score_rows<1, M>(q, kt, mask_of, r, s, width, first + j0, scale, scores);
+    for (; r + 4 <= rows; r += 4) score_rows<4, M>(q, s.d, kt, mask_of, j, r, width, scale, scores + j, s.K);
+    for (; r < rows; ++r) score_rows<1, M>(q, s.d, kt, mask_of, j, r, width, scale, scores + j, s.K);
   }
 }
 
-// One row's probabilities in place, exp(score - its maximum), masked slots exactly 0; returns their sum, the slots
-// added one after another in order (0 when nothing is attended to).
-inline float probabilities(float* row, int64_t K) {
+// A row of K scores to exp(score - their maximum) in place, masked slots exactly 0 (all of them when nothing is
+// attended to); returns the maximum (NONE then).
+inline float exponentiate(float* row, int64_t K) {
   __m512 top = _mm512_set1_ps(NONE);
   for (int64_t j = 0; j < K; j += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(NONE), lanes(K - j), row + j));
   const float m = _mm512_reduce_max_ps(top);  // a maximum is the same in any order
   if (m == NONE) {
     for (int64_t j = 0; j < K; ++j) row[j] = 0.0f;
-    return 0.0f;
+    return m;
   }
   for (int64_t j = 0; j < K; j += 16) {
     const __mmask16 mk = lanes(K - j);
@@ -144,6 +195,13 @@ inline float probabilities(float* row, int64_t K) {
     const __mmask16 live = _mm512_mask_cmp_ps_mask(mk, x, _mm512_set1_ps(NONE), _CMP_NEQ_OQ);
     _mm512_mask_storeu_ps(row + j, mk, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, _mm512_set1_ps(m)))));
   }
+  return m;
+}
+
+// One row's probabilities in place (exponentiate); returns their sum, the slots added one after another in order (0
+// when nothing is attended to).
+inline float probabilities(float* row, int64_t K) {
+  exponentiate(row, K);
   float l = 0.0f;
   for (int64_t j = 0; j < K; ++j) l += row[j];  // zeros add nothing: the attended slots' sum, in order
   return l;
@@ -238,81 +296,6 @@ void attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& va
 // (window_attention above is).
 constexpr int64_t SPLIT = 256;  // slots per chunk: 64 KB of float32 keys at d = 64
 
-inline __m512 sums16(const __m512* v) {  // lane j: the sum of v[j]'s 16 lanes
-  __m512 w[8], u[4];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// 16 vectors (16 slots' values at 16 lanes of d) to their transpose: out[c] holds lane c of each of the 16.
-inline void transpose16(const __m512* r, __m512* out) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g)
-    for (int h = 0; h < 2; ++h) {
-      const __m512d a = _mm512_castps_pd(t[4 * g + h]), b = _mm512_castps_pd(t[4 * g + h + 2]);
-      u[4 * g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-      u[4 * g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 a2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 b2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    out[c] = _mm512_shuffle_f32x4(a, a2, _MM_SHUFFLE(2, 0, 2, 0));
-    out[8 + c] = _mm512_shuffle_f32x4(a, a2, _MM_SHUFFLE(3, 1, 3, 1));
-    out[4 + c] = _mm512_shuffle_f32x4(b, b2, _MM_SHUFFLE(2, 0, 2, 0));
-    out[12 + c] = _mm512_shuffle_f32x4(b, b2, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
-// The 16 scores of R rows (from row r) against a block of keys transposed, kt (d, 16): each row's q_e broadcast
-// against kt[e], in two chains (even and odd e).
-template <int R>
-inline void score_tile(const float* q, int64_t d, const float* kt, int64_t r, __m512* out) {
-  __m512 a[R][2];
-  for (int t = 0; t < R; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
-  int64_t e = 0;
-  for (; e + 8 <= d; e += 8) {
-    __m512 k[8];
-    for (int u = 0; u < 8; ++u) k[u] = _mm512_load_ps(kt + (e + u) * 16);
-    for (int t = 0; t < R; ++t) {
-      const float* qt = q + (r + t) * d + e;
-      for (int u = 0; u < 8; ++u) a[t][u & 1] = _mm512_fmadd_ps(_mm512_set1_ps(qt[u]), k[u], a[t][u & 1]);
-    }
-  }
-  for (; e < d; ++e)
-    for (int t = 0; t < R; ++t) a[t][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[(r + t) * d + e]), _mm512_load_ps(kt + e * 16), a[t][0]);
-  for (int t = 0; t < R; ++t) out[t] = _mm512_add_ps(a[t][0], a[t][1]);
-}
-
-// A row's 16 scores of a block, scaled, its mask applied (masked slots NONE), stored at scores.
-template <typename M>
-inline void store_scores(__m512 score, const M* mr, __mmask16 mk, float scale, float* scores) {
-  score = _mm512_mul_ps(score, _mm512_set1_ps(scale));
-  __mmask16 live;
-  if constexpr (std::is_same_v<M, bool>) {
-    live = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, mr)), _mm512_setzero_si512());
-  } else {
-    score = _mm512_add_ps(score, _mm512_maskz_loadu_ps(mk, mr));
-    live = mk;
-  }
-  live = _mm512_mask_cmp_ps_mask(live, score, _mm512_set1_ps(MASKED), _CMP_GT_OQ);
-  _mm512_storeu_ps(scores, _mm512_mask_mov_ps(_mm512_set1_ps(NONE), live, score));
-}
-
 // One chunk's scores for `rows` query rows (q: float32 rows of d <= 16 V; vm: the lanes of d in each of the V
 // vectors) over `slots` keys from slot `first`, 16 keys at a time (past the chunk's end, its last key again, dropped
 // by the mask); masked slots NONE. scores: (rows, SPLIT). A few rows (a step's group: up to WIDE - 1) sum each key's
@@ -322,7 +305,7 @@ template <int V, typename T, typename M>
 void split_scores(const float* q, int64_t d, const __mmask16* vm, const T* key, int64_t ks, const M* const* mask_of,
                   int64_t first, int64_t slots, int64_t rows, float scale, float* scores) {
   __m512 v[16];
-  alignas(64) float kt[16 * V * 16];  // the block's keys transposed: (16 V, 16)
+  float kt[16 * V * 16];  // the block's keys transposed: (16 V, 16)
   constexpr int line = 64 / (16 * sizeof(T));  // 16-lane vectors a cache line holds
   for (int64_t j0 = 0; j0 < slots; j0 += 16) {
     const int64_t width = std::min<int64_t>(16, slots - j0);
@@ -331,22 +314,10 @@ void split_scores(const float* q, int64_t d, const __mmask16* vm, const T* key, 
       for (int e = 0; e < V; e += line)
         _mm_prefetch(reinterpret_cast<const char*>(key + (first + j0 + 32 + i) * ks + 16 * e), _MM_HINT_T0);
     if (rows >= WIDE) {
-      for (int e = 0; e < V; ++e) {
-        for (int i = 0; i < 16; ++i) v[i] = load(key + (first + j0 + std::min<int64_t>(i, width - 1)) * ks + 16 * e, vm[e]);
-        __m512 out[16];
-        transpose16(v, out);
-        for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + (16 * e + c) * 16, out[c]);
-      }
-      __m512 out[4];
+      transpose_keys<T>(key, ks, first + j0, width, d, kt);
       int64_t r = 0;
-      for (; r + 4 <= rows; r += 4) {
-        score_tile<4>(q, d, kt, r, out);
-        for (int t = 0; t < 4; ++t) store_scores<M>(out[t], mask_of[r + t] + first + j0, mk, scale, scores + (r + t) * SPLIT + j0);
-      }
-      for (; r < rows; ++r) {
-        score_tile<1>(q, d, kt, r, out);
-        store_scores<M>(out[0], mask_of[r] + first + j0, mk, scale, scores + r * SPLIT + j0);
-      }
+      for (; r + 4 <= rows; r += 4) score_rows<4, M>(q, d, kt, mask_of, first + j0, r, width, scale, scores + j0, SPLIT);
+      for (; r < rows; ++r) score_rows<1, M>(q, d, kt, mask_of, first + j0, r, width, scale, scores + j0, SPLIT);
       continue;
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -426,19 +397,9 @@ void split_attend(const at::Tensor& query, const at::Tensor& key, const at::Tens
       float* part = pp + row0 * stride + c * (d + 2);
       for (int64_t r = 0; r < rows; ++r) {  // the chunk's maximum, probabilities and their sum
         float* row = p + r * SPLIT;
-        __m512 best = _mm512_set1_ps(NONE);
-        for (int64_t j = 0; j < slots; j += 16) best = _mm512_max_ps(best, _mm512_mask_loadu_ps(best, lanes(slots - j), row + j));
-        const float m = _mm512_reduce_max_ps(best);
+        part[r * stride + d] = exponentiate(row, slots);
         __m512 total = _mm512_setzero_ps();
-        for (int64_t j = 0; j < slots; j += 16) {
-          const __mmask16 mk = lanes(slots - j);
-          const __m512 x = _mm512_maskz_loadu_ps(mk, row + j);
-          const __mmask16 live = m == NONE ? 0 : _mm512_mask_cmp_ps_mask(mk, x, _mm512_set1_ps(NONE), _CMP_NEQ_OQ);
-          const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, _mm512_set1_ps(m))));
-          _mm512_mask_storeu_ps(row + j, mk, e);
-          total = _mm512_add_ps(total, e);
-        }
-        part[r * stride + d] = m;
+        for (int64_t j = 0; j < slots; j += 16) total = _mm512_add_ps(total, _mm512_maskz_loadu_ps(lanes(slots - j), row + j));
         part[r * stride + d + 1] = _mm512_reduce_add_ps(total);
       }
       for (int64_t e = 0; e < d; e += 64) {
