@@ -262,15 +262,16 @@ def test_candidates_are_built_one_at_a_time_and_dropped_once_out_of_the_best(tar
     assert len(models) == 1 and [ref() for ref in built if ref() is not None] == models  # the others are freed
 
 
-def test_kept_candidates_are_the_best_but_none_slower_than_the_target_after_the_first():
+def test_kept_candidates_are_the_best_but_none_that_cannot_gain_after_the_first():
     def result(name, c, speedup, cost="per_token"):
         return CandidateResult(name, cost, 10 * c, c, 0.9, 4, 1.0, speedup, 4, speedup)
 
     results = [result("slow", 1.3, 0.9), result("ngram", 0.01, 1.1, "per_call"), result("int8", 0.5, 1.5),
-               result("nf4", 0.7, 1.2)]  # fmt: skip
+               result("nf4", 0.7, 1.2), result("even", 0.6, 1.0)]  # fmt: skip
     has_model = lambda name: name != "ngram"
     assert kept_names(results, 3, has_model) == ["int8", "nf4", "ngram"]
     assert kept_names(results, 2, has_model) == ["int8", "nf4"]
+    assert kept_names(results, 5, has_model) == ["int8", "nf4", "ngram"]  # "even" gains nothing: not kept
     assert kept_names(results[:2], 3, has_model) == ["ngram", "slow"]  # the only model, slow as it is, for naive
     assert kept_names([result("slow", 1.3, 0.9)], 3, has_model) == ["slow"]  # the best stays, whatever its c
 

@@ -127,6 +127,40 @@ def test_dynamic_int8_copy_loads_and_drafts(tmp_path):
     assert isinstance(target.lm_head, torch.nn.Linear)  # the copy left the target as it was
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monkeypatch, arch):
+    """A quantized or bfloat16 copy of a float32 model load_model loaded is built from that model's tensors
+    (specdec.runtime.copies): the same logits, bit for bit, as the copy loaded from the file; it shares the target's
+    embedding (a quantized one: no second float32 embedding); the same from a target on the packed kernel."""
+    pytest.importorskip("bitsandbytes")
+    from specdec.runtime import copies
+    from specdec.runtime.packed import unavailable_reason, use_packed_kernel
+
+    shapes = {"hidden_size": 64, "intermediate_size": 128, **({"head_dim": 32} if arch == "gemma3" else {})}
+    tiny_model(arch, seed=0, scale=20.0, vocab_size=96, **shapes).save_pretrained(tmp_path)  # bnb's fused 4-bit blocks
+    target, ids = load_model(str(tmp_path)), torch.tensor([[1, 5, 9, 33, 2, 70, 4]])
+    forms = [("dynamic_int8", "float32", None), ("none", "bfloat16", None), ("nf4", "float32", "bfloat16"),
+             ("int8", "float32", None), *([("packed_int8", "float32", None)] if unavailable_reason() is None else [])]
+
+    def logits(model):
+        with torch.inference_mode():
+            return model(ids).logits
+
+    for packed in (False, True):
+        if packed and unavailable_reason() is None:
+            use_packed_kernel(target, (1, 16))
+        for quantization, dtype, compute in forms:
+            twin = load_model(str(tmp_path), quantization=quantization, dtype=dtype, compute_dtype=compute)
+            with monkeypatch.context() as m:
+                m.setattr(copies, "_loaded", {})  # forgotten: read from the file
+                from_file = load_model(str(tmp_path), quantization=quantization, dtype=dtype, compute_dtype=compute)
+            assert torch.equal(logits(twin), logits(from_file)), (packed, quantization)
+            shared = twin.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr()
+            assert shared == (quantization != "none")
+            assert type(twin.get_output_embeddings()) is type(from_file.get_output_embeddings())
+    assert target.dtype == torch.float32 and isinstance(target.get_input_embeddings().weight, torch.nn.Parameter)
+
+
 def test_a_dynamic_int8_copy_asked_for_in_bfloat16_loads_in_float32(tmp_path):
     """dtype=bfloat16 for the whole pair: its dynamic int8 copy keeps float32 activations (torch's dynamic int8
     Linear takes no other) and drafts for the bf16 target."""

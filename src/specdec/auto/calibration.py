@@ -320,10 +320,11 @@ def conclude(results: Sequence[CandidateResult], timings: Timings) -> Calibratio
 
 
 def kept_names(results: Sequence[CandidateResult], keep: int, has_model: Callable[[str], bool]) -> list[str]:
-    """The `keep` best results' names (best first) but those slower than the target (c > 1: they cannot gain) after
-    the best, and the best one with a draft model if none of those has one (the naive method generates with it)."""
+    """The `keep` best results' names (best first) but those that cannot gain after the best (slower than the target,
+    c > 1, or predicted at most 1x at their best k: each loaded copy costs its bytes for the whole run), and the best
+    one with a draft model if none of those has one (the naive method generates with it)."""
     ranked = [r.name for r in sorted(results, key=lambda r: -r.speedup)]
-    slow = {r.name for r in results if r.slower_than_target}
+    slow = {r.name for r in results if r.slower_than_target or r.best_speedup <= 1.0}
     kept = [name for i, name in enumerate(ranked) if i == 0 or name not in slow][:keep]
     if not any(has_model(n) for n in kept):
         kept += [n for n in ranked if n not in kept and has_model(n)][:1]
@@ -349,7 +350,7 @@ def calibrate_in_turn(
     measure_alpha's keywords (probe_k, max_new_tokens, sampling, eos_token_id, seed). Each is timed
     in its own interleaved window next to target steps, its c the ratio of the two (the first window also times the
     target's passes); then it is assessed as calibrate assesses it (probed for alpha unless even alpha = 1 could
-    not win). Candidates outside the best `keep` (kept_names: none slower than the target but the best) are dropped
+    not win). Candidates outside the best `keep` (kept_names: after the best, none that cannot gain) are dropped
     as soon as they fall out (release() then hands their memory back). Returns the calibration and the kept drafters
     by name, best first."""
     if not builders:

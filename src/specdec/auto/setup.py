@@ -44,8 +44,8 @@ from .threads import use_threads
 
 # Candidates are measured on this prompt (short: the calibration takes seconds), and threads=auto probes with it
 CALIBRATION_PROMPT = "Explain in two sentences why the sky is blue."
-# Calibrated candidates: the best ones kept (by predicted speedup; the chosen first; none slower than the target
-# besides it) for k=auto's online choice
+# Calibrated candidates: the best ones kept (by predicted speedup; the chosen first; besides it none that cannot
+# gain: slower than the target, or predicted at most 1x) for k=auto's online choice
 KEEP_CANDIDATES = 3
 
 

@@ -16,7 +16,8 @@ import warnings
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .machine import off_the_file
+from .copies import COPIES, copy_of, loaded_original, remember
+from .machine import map_large_allocations, off_the_file
 from .offline import OFFLINE_ASSETS, ensure_offline_model
 from .tiny import ByteTokenizer, random_model
 
@@ -104,10 +105,13 @@ def load_model(
     fused_4bit=False: a 4-bit model takes bitsandbytes' non-fused CPU path even where the fused kernel exists
     (force_unfused_4bit), standing in for a CPU without AVX512-BF16. A dynamic_int8 model loads in float32 whatever
     dtype says: torch's dynamic int8 Linear takes float32 activations (a bf16 target's int8 copy is then the same
-    as an fp32 target's); so does a packed_int8 one.
+    as an fp32 target's); so does a packed_int8 one. A quantized or bfloat16 copy of a float32 model this function
+    loaded and that is still alive is built from that model's weights (specdec.runtime.copies.copy_of: the same
+    bits, without reading the file again).
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
+    map_large_allocations()  # what a run frees goes back to the system
     if quantization in CPU_QUANTIZATIONS:
         if device != "cpu":
             raise ValueError(cpu_only(quantization, device))
@@ -119,6 +123,20 @@ def load_model(
             raise ValueError(f"{name}: random-weight models load unquantized (quantization='none')")
         return random_model(name.removeprefix(RANDOM), DTYPES[dtype], device)
     path = resolve(name)
+    original = loaded_original(path, device) if device == "cpu" else None
+    another_form = quantization != "none" if dtype == "float32" else quantization == "none"  # not a float32 twin
+    if original is not None and quantization in COPIES and another_form:  # from its weights in memory, not the file
+        model = copy_of(original[0], quantization, DTYPES[dtype], DTYPES[compute_dtype or dtype], original[1])
+    else:
+        model = from_file(name, path, dtype, device, quantization, qconfig)
+    if quantization in ("nf4", "fp4") and not fused_4bit:
+        force_unfused_4bit(model)  # before its first forward, which would repack the weights for the fused kernel
+    return model
+
+
+def from_file(name: str, path: str, dtype: str, device: str, quantization: str, qconfig) -> PreTrainedModel:
+    """load_model's read of the weights file; a float32 model loaded as it is is remembered for copies of it
+    (specdec.runtime.copies)."""
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype], quantization_config=qconfig, device_map={"": device}
@@ -129,8 +147,8 @@ def load_model(
             "(`hf auth login` or HF_TOKEN). Without network, use the offline asset "
             f"{sorted(OFFLINE_ASSETS)} (e.g. `python -m experiments.run model=smollm2`)."
         ) from e
-    if quantization in ("nf4", "fp4") and not fused_4bit:
-        force_unfused_4bit(model)  # before its first forward, which would repack the weights for the fused kernel
+    if quantization == "none" and dtype == "float32":
+        remember(path, device, model)
     if quantization == "packed_int8":
         from .packed import packed_int8_copy
 
