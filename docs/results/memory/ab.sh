@@ -6,7 +6,7 @@
 # usage: ab.sh BEFORE_DIR AFTER_DIR ROUNDS
 set -u
 before=$(realpath "$1"); after=$(realpath "$2"); rounds=$3
-python=$(realpath "${PYTHON:-.venv/bin/python}")
+python=${PYTHON:-$PWD/.venv/bin/python}  # not resolved: the venv's link, not the interpreter it points to
 work=$(mktemp -d)
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
      "before $(git -C "$before" rev-parse --short HEAD), after $(git -C "$after" rev-parse --short HEAD)"
