@@ -16,6 +16,7 @@ way; models loaded otherwise are not remembered.
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 
 import torch
@@ -45,16 +46,15 @@ def dense_linear(module: torch.nn.Module) -> torch.nn.Linear:
     return module.unpacked() if isinstance(module, PackedLinear) else module
 
 
-def dynamic_int8_linear(linear: torch.nn.Linear) -> torch.nn.Module:
-    """torch's dynamic int8 Linear of one layer, as quantize_dynamic makes it (its default qint8 qconfig)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-    from torch.ao.quantization import default_dynamic_qconfig
+def dynamic_int8(module: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
+    """The module with every nn.Linear replaced by torch's dynamic int8 Linear (quantize_dynamic, qint8), whole
+    models (specdec.runtime.models.dynamic_int8_copy) and single layers (a copy_of) alike."""
+    from torch.ao.quantization import quantize_dynamic
 
-    float_linear = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                   device="meta")
-    float_linear.weight, float_linear.bias = linear.weight, linear.bias
-    float_linear.qconfig = default_dynamic_qconfig
-    return DynamicLinear.from_float(float_linear)
+    with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated in favour of torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace).eval()
 
 
 def bnb_linear(linear: torch.nn.Linear, quantization: str, compute_dtype: torch.dtype) -> torch.nn.Module:
@@ -84,7 +84,7 @@ def linear_copy(linear: torch.nn.Linear, quantization: str, compute_dtype: torch
     if quantization == "packed_int8":
         return PackedInt8Linear(linear)
     if quantization == "dynamic_int8":
-        return dynamic_int8_linear(linear)
+        return dynamic_int8(torch.nn.Sequential(linear))[0]  # a copy of the one layer: the source stays as it is
     if quantization != "none":
         return bnb_linear(linear, quantization, compute_dtype)
     layer = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")

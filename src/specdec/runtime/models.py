@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import warnings
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .copies import COPIES, copy_of, loaded_original, remember
+from .copies import COPIES, copy_of, dynamic_int8, loaded_original, remember
 from .machine import map_large_allocations, off_the_file
 from .offline import OFFLINE_ASSETS, ensure_offline_model
 from .tiny import ByteTokenizer, random_model
@@ -183,12 +182,7 @@ def dynamic_int8_copy(model: PreTrainedModel, inplace: bool = False) -> PreTrain
     int8 weights per tensor, activations quantized on the fly at each call; CPU only."""
     if model.device.type != "cpu":
         raise ValueError(cpu_only("dynamic_int8", model.device))
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():  # torch marks torch.ao.quantization deprecated in favour of torchao
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace).eval()
+    return dynamic_int8(model, inplace=inplace)
 
 
 def bfloat16_copy(model: PreTrainedModel) -> PreTrainedModel:
