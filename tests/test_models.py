@@ -131,9 +131,11 @@ def test_dynamic_int8_copy_loads_and_drafts(tmp_path):
 def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monkeypatch, arch):
     """A quantized or bfloat16 copy of a float32 model load_model loaded is built from that model's tensors
     (specdec.runtime.copies): the same logits, bit for bit, as the copy loaded from the file; it shares the target's
-    embedding (a quantized one: no second float32 embedding); the same from a target on the packed kernel."""
+    embedding (a quantized one: no second float32 embedding), also once its tensors are moved off the weights file (as
+    packing does); the same from a target on the packed kernel."""
     pytest.importorskip("bitsandbytes")
     from specdec.runtime import copies
+    from specdec.runtime.machine import off_the_file
     from specdec.runtime.packed import unavailable_reason, use_packed_kernel
 
     shapes = {"hidden_size": 64, "intermediate_size": 128, **({"head_dim": 32} if arch == "gemma3" else {})}
@@ -155,6 +157,7 @@ def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monke
                 m.setattr(copies, "_loaded", {})  # forgotten: read from the file
                 from_file = load_model(str(tmp_path), quantization=quantization, dtype=dtype, compute_dtype=compute)
             assert torch.equal(logits(twin), logits(from_file)), (packed, quantization)
+            off_the_file(twin)  # as packing the copy does: a Parameter the two share moves for both
             shared = twin.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr()
             assert shared == (quantization != "none")
             assert type(twin.get_output_embeddings()) is type(from_file.get_output_embeddings())

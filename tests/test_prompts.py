@@ -47,8 +47,26 @@ def test_the_length_filter_keeps_prompts_of_min_to_max_characters_before_the_lim
     ({"categories": ("c",)}, r"categories: \['c'\] not in dataset toy; choices: \['a', 'b'\]"),
     ({"path": "nowhere.jsonl"}, "path: .*nowhere.jsonl does not exist"),
     ({"source": "csv"}, "source must be one of json, hub, sharegpt, got 'csv'"),
+    ({"split": "test"}, "split: a JSON Lines file has one split, 'train', not 'test'"),
 ])  # fmt: skip
 def test_a_bad_field_is_named(jsonl, change, message) -> None:
     spec = PromptSet(**{**PromptSet("toy", "json", jsonl.name, "{q}", category_field="kind").__dict__, **change})
     with pytest.raises(ValueError, match=message):
         load_prompts(spec, jsonl.parent)
+
+
+@pytest.mark.parametrize("line,message", [
+    ("{'id': 1}", r"bad\.jsonl:2: not JSON"),
+    ("[1, 2]", r"bad\.jsonl:2: a row must be a JSON object, not list"),
+])  # fmt: skip
+def test_a_bad_line_is_named(tmp_path, line, message) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"q": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_prompts(PromptSet("toy", "json", "bad.jsonl", "{q}"), tmp_path)
+
+
+def test_rows_get_every_field_and_blank_lines_are_skipped(tmp_path) -> None:
+    """A row without a field another row has reads it as None (as datasets' json loader does)."""
+    (tmp_path / "uneven.jsonl").write_text('{"q": "a", "hint": "h"}\n\n{"q": "b"}\n')
+    prompts = load_prompts(PromptSet("toy", "json", "uneven.jsonl", "{q}/{hint}"), tmp_path)
+    assert [p.text for p in prompts] == ["a/h", "b/None"]

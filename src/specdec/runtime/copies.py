@@ -133,7 +133,7 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
 
     def cast(tensor: torch.Tensor, to: torch.dtype = dtype) -> torch.Tensor:
         if to == tensor.dtype or not tensor.is_floating_point():
-            return tensor.detach()
+            return tensor
         source, done = casts.get(id(tensor), (None, None))
         if source is None or source() is not tensor:  # not cast yet (an id of a freed tensor may come again)
             done = tensor.detach().to(to)
@@ -147,8 +147,11 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
             setattr(twin.get_submodule(parent), child,
                     linear_copy(dense_linear(source), quantization, compute_dtype or dtype, cast))
             continue
-        for key in [k for k, v in module._parameters.items() if v is not None]:
-            module._parameters[key] = torch.nn.Parameter(cast(getattr(source, key)), requires_grad=False)
+        for key in [k for k, v in module._parameters.items() if v is not None]:  # one left as it is: the same
+            # Parameter, so that moving it off the weights file (off_the_file) moves it for both models
+            kept = cast(getattr(source, key))
+            module._parameters[key] = kept if kept.dtype == getattr(source, key).dtype else torch.nn.Parameter(
+                kept, requires_grad=False)
         for key in [k for k, v in module._buffers.items() if v is not None]:  # in the dtype the class made them
             module._buffers[key] = cast(getattr(source, key), module._buffers[key].dtype)
         for key, value in vars(module).items():  # tensors kept as plain attributes (a rotary embedding's)
