@@ -136,10 +136,11 @@ def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monke
     pytest.importorskip("bitsandbytes")
     from specdec.runtime import copies
     from specdec.runtime.machine import off_the_file
-    from specdec.runtime.packed import unavailable_reason, use_packed_kernel
+    from specdec.runtime.packed import PanelEmbedding, unavailable_reason, use_packed_kernel
 
-    shapes = {"hidden_size": 64, "intermediate_size": 128, **({"head_dim": 32} if arch == "gemma3" else {})}
-    tiny_model(arch, seed=0, scale=20.0, vocab_size=96, **shapes).save_pretrained(tmp_path)  # bnb's fused 4-bit blocks
+    shapes = {"hidden_size": 64, "intermediate_size": 128, **({"head_dim": 32} if arch == "gemma3" else {})}  # bnb's
+    # fused 4-bit blocks; tied, as SmolLM2 and Gemma 3 are
+    tiny_model(arch, seed=0, scale=20.0, vocab_size=96, tie_word_embeddings=True, **shapes).save_pretrained(tmp_path)
     target, ids = load_model(str(tmp_path)), torch.tensor([[1, 5, 9, 33, 2, 70, 4]])
     forms = [("dynamic_int8", "float32", None), ("none", "bfloat16", None), ("nf4", "float32", "bfloat16"),
              ("int8", "float32", None), *([("packed_int8", "float32", None)] if unavailable_reason() is None else [])]
@@ -151,6 +152,7 @@ def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monke
     for packed in (False, True):
         if packed and unavailable_reason() is None:
             use_packed_kernel(target, (1, 16))
+            assert isinstance(target.get_input_embeddings(), PanelEmbedding)  # the tied weight held as panels only
         for quantization, dtype, compute in forms:
             twin = load_model(str(tmp_path), quantization=quantization, dtype=dtype, compute_dtype=compute)
             with monkeypatch.context() as m:
@@ -158,10 +160,16 @@ def test_a_copy_of_a_loaded_model_is_the_file_s_copy_bit_for_bit(tmp_path, monke
                 from_file = load_model(str(tmp_path), quantization=quantization, dtype=dtype, compute_dtype=compute)
             assert torch.equal(logits(twin), logits(from_file)), (packed, quantization)
             off_the_file(twin)  # as packing the copy does: a Parameter the two share moves for both
-            shared = twin.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr()
+            shared = held_embedding(twin) == held_embedding(target)
             assert shared == (quantization != "none")
             assert type(twin.get_output_embeddings()) is type(from_file.get_output_embeddings())
-    assert target.dtype == torch.float32 and isinstance(target.get_input_embeddings().weight, torch.nn.Parameter)
+    assert target.dtype == torch.float32 and isinstance(target.get_input_embeddings(), (torch.nn.Embedding, PanelEmbedding))
+
+
+def held_embedding(model) -> int:
+    """Where the model's input embedding's rows are held: its weight, or the packed output layer's panels it reads."""
+    embedding = model.get_input_embeddings()
+    return getattr(embedding, "packed", None).data_ptr() if hasattr(embedding, "packed") else embedding.weight.data_ptr()
 
 
 def test_a_dynamic_int8_copy_asked_for_in_bfloat16_loads_in_float32(tmp_path):

@@ -18,6 +18,7 @@ from specdec.runtime.models import load_model
 from specdec.runtime.packed import (
     PackedInt8Linear,
     PackedLinear,
+    PanelEmbedding,
     all_packed,
     load_kernel,
     ninja_on_path,
@@ -76,19 +77,26 @@ def test_wrong_inputs_fail_with_a_message(kernel):
 
 
 @needs_avx512
-def test_packed_linears_keep_the_model_and_its_tied_weights():
-    """Only the rows in range take the kernel; the output layer keeps the tie to the embedding; the other weights live
-    as panels only, and come back bit for bit (a prompt's F.linear, unpack_linears)."""
-    model = tiny_model("llama", seed=0, scale=20.0)
-    reference = model(GREEDY_PROMPT).logits
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("gemma3", True)])
+def test_packed_linears_keep_the_model_and_hold_each_weight_once(arch, tied):
+    """Only the rows in range take the kernel; every float32 weight lives as panels only and comes back bit for bit
+    (a prompt's F.linear, unpack_linears); an input embedding tied to the output layer reads the same rows out of the
+    output layer's panels (times Gemma's embed_scale), so the tied weight is held once."""
+    model = tiny_model(arch, seed=0, scale=20.0, vocab_size=512, tie_word_embeddings=tied)  # the largest weight
+    reference, embedded = model(GREEDY_PROMPT).logits, model.get_input_embeddings()(GREEDY_PROMPT)
     weights = {name: m.weight.detach().clone() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     swapped = pack_linears(model, (1, 4))
     assert swapped == sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
     packed = {name: m for name, m in model.named_modules() if isinstance(m, PackedLinear)}
-    assert [name for name, m in packed.items() if m.weight is not None] == ["lm_head"]
+    assert all(m.weight is None for m in packed.values())
     assert all(torch.equal(m.dense_weight(), weights[name]) for name, m in packed.items())
+    assert isinstance(model.get_input_embeddings(), PanelEmbedding) == tied
+    assert torch.equal(model.get_input_embeddings()(GREEDY_PROMPT), embedded)
+    vocabulary = model.config.vocab_size * model.config.hidden_size
+    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if t.numel() >= vocabulary}
+    assert len(held) == (1 if tied else 2)  # the output layer's panels (and an untied embedding)
     x = torch.randn(300, model.config.hidden_size)  # past UNPANEL_ROWS: F.linear on the unpanelled weight
-    bf16 = tiny_model("llama", seed=0, scale=20.0).to(torch.bfloat16)  # its prompts run faster on the weights
+    bf16 = tiny_model(arch, seed=0, scale=20.0).to(torch.bfloat16)  # its prompts run faster on the weights
     pack_linears(bf16, (1, 4))
     assert all(m.weight is not None for m in bf16.modules() if isinstance(m, PackedLinear))
     q_proj = "model.layers.0.self_attn.q_proj"
@@ -97,8 +105,6 @@ def test_packed_linears_keep_the_model_and_its_tied_weights():
     assert torch.equal(out, reference)
     step = model(GREEDY_PROMPT[:, :3]).logits  # 3 rows: the kernel
     torch.testing.assert_close(step, reference[:, :3], atol=1e-4, rtol=1e-4)
-    if model.config.tie_word_embeddings:
-        assert model.lm_head.weight is model.get_input_embeddings().weight
     assert len(unpack_linears(model)) == swapped and not any(isinstance(m, PackedLinear) for m in model.modules())
     assert torch.equal(model(GREEDY_PROMPT).logits, reference)
 
@@ -234,3 +240,18 @@ def test_cpu_int8_is_the_packed_copy_where_the_kernel_runs_else_torchs(tmp_path,
     monkeypatch.undo()
     if unavailable_reason() is None:  # this CPU has AVX-512
         assert all_packed(load_model(str(tmp_path), quantization="cpu_int8"))
+
+
+@needs_avx512
+def test_weight_bytes_count_the_panels_and_a_shared_tensor_once():
+    """runtime=auto's size rule and the tables' weights_mb read weight_bytes: a packed model's panels are buffers,
+    and a tied or shared weight is held once (panels pad each layer's outputs to a multiple of 48)."""
+    from specdec.runtime.study import weight_bytes
+
+    model = tiny_model("llama", seed=0, vocab_size=512, tie_word_embeddings=True)
+    before = weight_bytes(model)
+    assert before == sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers())
+    pack_linears(model, (1, 4))
+    assert before <= weight_bytes(model) <= 1.6 * before
+    assert weight_bytes(model, model) == weight_bytes(model)

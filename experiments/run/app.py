@@ -141,8 +141,7 @@ def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
 def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logger) -> pd.DataFrame:
     """Table, metrics, histograms, figures and logs from the rows in results.jsonl."""
     rows = read_rows(run_dir / "results.jsonl")
-    table = method_table(rows)
-    k, longest = plan.chain_k, plan.longest
+    table, k, longest = method_table(rows), plan.chain_k, plan.longest
     metrics, histograms = run_metrics(table, rows, k, longest)
     text = write_summary(
         run_dir, keys, table, metrics, histograms,

@@ -30,6 +30,7 @@ from specdec.draft.base import Drafter
 from specdec.runtime.machine import release_memory
 from specdec.runtime.models import draft_tokenizer, eos_token_ids, load_model, load_tokenizer
 from specdec.runtime.probes import ThreadChoice
+from specdec.runtime.study import weight_bytes
 
 from .heads import loaded_candidates, with_target
 from .schema import AUTO
@@ -92,9 +93,9 @@ class Pair:
         return eos_token_ids(self.target, self.tokenizer)
 
     def weights_mb(self, method: str) -> float:
-        """Weights the method needs in memory: the target alone, or target and draft model."""
+        """Weights the method needs in memory: the target alone, or target and draft model (what they share once)."""
         models = [self.target] if method == "autoregressive" else [self.target, self.draft_model]
-        return sum(m.get_memory_footprint() for m in models if m is not None) / 2**20
+        return weight_bytes(*[m for m in models if m is not None]) / 2**20
 
 
 def offline_pairs() -> list[str]:

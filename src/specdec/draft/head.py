@@ -58,11 +58,13 @@ class DraftHead(nn.Module):
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.vocab_size = logits_width(target)
         self.attach(target, vocab)
-        self.to(target.get_output_embeddings().weight.device)
+        self.to(target.device)
 
     def attach(self, target: PreTrainedModel, vocab: torch.Tensor | None) -> None:
         """Share the target's embedding and take the rows `vocab` of its output layer (frozen, not saved)."""
-        weight = target.get_output_embeddings().weight.detach()  # (V, d)
+        output = target.get_output_embeddings()
+        weight = (output.dense_weight() if hasattr(output, "dense_weight") else output.weight).detach()  # (V, d): a
+        # packed output layer's laid back out of its panels
         ids = torch.arange(weight.shape[0]) if vocab is None else vocab.to(torch.long)
         if ids.numel() == 0 or int(ids.max()) >= self.vocab_size or ids.unique().numel() != ids.numel():
             raise ValueError(f"the draft vocabulary must be distinct token ids below {self.vocab_size}")

@@ -289,7 +289,8 @@ class CachedLM:
     def copy_from(self, other: CachedLM, start: int) -> None:
         """Hold other's slots: keep our first `start` (copied from it before, same layout), append its slots from
         `start` on cast to our dtype, and take its positions (slots it marked dead since are dead here too)."""
-        dtype = self.model.get_input_embeddings().weight.dtype
+        embedding = self.model.get_input_embeddings()
+        dtype = getattr(embedding, "dtype", None) or embedding.weight.dtype  # (a PanelEmbedding's: its panels')
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.reserve(other.slots)
             mine.keep_slots(start)

@@ -22,7 +22,7 @@ import weakref
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .packed import PackedInt8Linear, PackedLinear
+from .packed import PackedInt8Linear, PackedLinear, PanelEmbedding
 
 COPIES = ("packed_int8", "dynamic_int8", "int8", "nf4", "fp4", "none")  # quantizations copy_of makes
 # (path, device) -> a float32 model load_model loaded, and its config as loaded (a runtime may change the model's)
@@ -142,11 +142,15 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
 
     for name, module in list(twin.named_modules()):
         source = model.get_submodule(name)
+        parent, _, child = name.rpartition(".")
         if isinstance(module, torch.nn.Linear) and name not in keep:
-            parent, _, child = name.rpartition(".")
             setattr(twin.get_submodule(parent), child,
                     linear_copy(dense_linear(source), quantization, compute_dtype or dtype, cast))
             continue
+        if isinstance(source, PanelEmbedding) and quantization != "none":  # float32 rows: the target's module
+            setattr(twin.get_submodule(parent), child, source)
+            continue
+        source = dense_linear(source) if isinstance(source, PackedLinear) else source  # a kept output layer
         for key in [k for k, v in module._parameters.items() if v is not None]:  # one left as it is: the same
             # Parameter, so that moving it off the weights file (off_the_file) moves it for both models
             kept = cast(getattr(source, key))

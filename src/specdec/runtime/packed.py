@@ -9,10 +9,10 @@ cost stays near one read of the weights up to 8 rows (1.03 one-row passes at 5 r
 bytes) and its rows are summed in float32, then rounded to bfloat16. The kernel is batch-invariant: a row's output
 does not depend on how many rows the pass has (kernels/packed_mm.cpp). A packed model holds its linear weights once,
 as panels: a pass outside `rows` (a prompt) reads the panels in place or unpanels each weight for its call (bit for
-bit the weight it was); only the output layer keeps its parameter (tied to the input embedding), and bfloat16 linears
-and a draft head's keep theirs (pack_linears). `packed_int8_copy` makes a weight-only int8 copy instead
-(PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its target at a quarter of
-the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the specdec cache folder
+bit the weight it was); an input embedding tied to the output layer reads its rows out of that layer's panels
+(PanelEmbedding); bfloat16 linears and a draft head's keep their weights (pack_linears). `packed_int8_copy` makes a
+weight-only int8 copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close
+to its target at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the specdec cache folder
 (about 7 s: the source includes only the ATen headers it uses).
 """
 
@@ -132,6 +132,35 @@ def unpanel(packed: torch.Tensor, n: int) -> torch.Tensor:
     return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:n]
 
 
+class PanelEmbedding(torch.nn.Module):
+    """An input embedding tied to a packed output layer, read out of that layer's panels: token n's row is column
+    n % PANEL of panel n // PANEL (pack's layout), so that the tied weight is held once. The same rows, bit for bit,
+    as the embedding it replaces, times its embed_scale where it has one (Gemma's scaled embeddings)."""
+
+    def __init__(self, embedding: torch.nn.Embedding, output: PackedLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.register_buffer("packed", output.packed, persistent=False)  # the output layer's panels themselves
+        if getattr(embedding, "embed_scale", None) is not None:
+            self.register_buffer("embed_scale", embedding.embed_scale, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        panel = self.packed.shape[-1]
+        rows = self.packed[input_ids // panel, :, input_ids % panel]  # (..., d)
+        scale = getattr(self, "embed_scale", None)
+        return rows if scale is None else rows * scale.to(rows.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.packed.dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (V, d) weight laid back out of the panels (new memory: for a copy, not for a pass)."""
+        return unpanel(self.packed, self.num_embeddings)
+
+
 class PackedInt8Linear(torch.nn.Module):
     """A linear with int8 weights, one float32 scale per output (symmetric, weight-only: activations stay float32),
     on the packed kernel for passes of any number of rows: a quarter of the float32 bytes to read per step. Keeps no
@@ -174,17 +203,24 @@ def cpu_linears(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...] = (torch
 
 
 def pack_linears(model: torch.nn.Module, rows: tuple[int, int], keep_weights: bool = False) -> int:
-    """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place), the output layer's
-    keeping its weight, and every bfloat16 one's (a bfloat16 prompt on the panels ran 1.07-1.50x slower than on the
-    weights, 40-2048 tokens; float32 0.88-1.03x), and every one's with keep_weights (a draft head reads them);
-    returns how many."""
+    """Swap every float32 or bfloat16 CPU nn.Linear of `model` for a PackedLinear (in place), every bfloat16 one
+    keeping its weight (a bfloat16 prompt on the panels ran 1.07-1.50x slower than on the weights, 40-2048 tokens;
+    float32 0.88-1.03x), and every one's with keep_weights (a draft head reads them); returns how many. A float32
+    output layer tied to the input embedding keeps no weight either: the embedding reads its rows out of the
+    panels (PanelEmbedding), so the tied weight is held once (0.11 GB less for SmolLM2-135M, 0.67 GB for Gemma 3
+    270M's vocabulary of 262k)."""
     if rows[0] < 1 or rows[1] < rows[0]:
         raise ValueError(f"rows must be (first, last) with 1 <= first <= last, got {rows}")
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embedding = model.get_input_embeddings() if output is not None else None
+    tied = embedding is not None and getattr(embedding, "weight", None) is getattr(output, "weight", False)
     swaps = cpu_linears(model, (torch.float32, torch.bfloat16))
     for parent, name, child in swaps:
-        keep = keep_weights or child is output or child.weight.dtype != torch.float32
+        keep = keep_weights or child.weight.dtype != torch.float32
         setattr(parent, name, PackedLinear(child, rows, keep_weight=keep))
+    packed_output = model.get_output_embeddings() if output is not None else None
+    if tied and isinstance(packed_output, PackedLinear) and packed_output.weight is None:
+        model.set_input_embeddings(PanelEmbedding(embedding, packed_output))
     return len(swaps)
 
 

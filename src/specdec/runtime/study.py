@@ -39,9 +39,12 @@ from .probes import forward_ms, forwards_ms, pass_tokens, timed_step
 from .timing import interleaved_samples, stopwatch
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameters one forward reads (a tied output layer counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(*models: torch.nn.Module) -> int:
+    """Bytes of the weights the models hold: parameters and buffers (a packed layer's panels), each storage counted
+    once (a tied output layer, a copy's embedding shared with its target)."""
+    held = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+            for model in models for t in [*model.parameters(), *model.buffers()] if t.device.type != "meta"}
+    return sum(held.values())
 
 
 def memory_bound_ms(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float]:
