@@ -1,5 +1,6 @@
 """What a number ran on (specdec.runtime.machine), peak memory, and the markdown tables records print with."""
 
+import os
 import subprocess
 import sys
 
@@ -8,9 +9,11 @@ import torch
 
 from specdec.markdown import cell, document, markdown_table, section
 from specdec.runtime.machine import (
+    HUGE_PAGES,
     cpu_flags,
     flags_present,
     glibc,
+    huge_pages_mode,
     machine,
     machine_label,
     machine_sentence,
@@ -69,3 +72,26 @@ def test_markdown_cells_and_tables():
 def test_markdown_documents_are_sections_of_a_sentence_and_a_table():
     lines = section("Two rows:", ["x"], [[1.0], [2.0]], "{:.1f}") + section(None, ["y"], [["z"]])
     assert document(lines) == "Two rows:\n\n| x |\n|---|\n| 1.0 |\n| 2.0 |\n\n| y |\n|---|\n| z |\n"
+
+
+ON_HUGE_PAGES = """
+import sys, torch
+from specdec.runtime.machine import use_huge_pages
+if sys.argv[1] == "asked":
+    use_huge_pages()
+block = torch.ones(16 << 20)  # 64 MB, written: its pages are in memory
+print(sum(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")))
+"""
+
+
+@pytest.mark.skipif(huge_pages_mode() not in ("madvise", "always"), reason="the kernel gives no huge pages here")
+def test_weights_go_on_huge_pages_once_asked():
+    """use_huge_pages (load_model calls it) puts a large tensor on 2 MB pages; in the kernel's madvise mode, without it
+    none of its pages are huge."""
+    without_huge_pages = {key: value for key, value in os.environ.items() if key != HUGE_PAGES}
+    huge_kb = {how: int(subprocess.run([sys.executable, "-c", ON_HUGE_PAGES, how], capture_output=True, text=True,
+                                       check=True, env=without_huge_pages).stdout)
+               for how in ("asked", "not")}  # fmt: skip
+    assert huge_kb["asked"] >= 32 * 1024, huge_kb
+    if huge_pages_mode() == "madvise":
+        assert huge_kb["not"] < 8 * 1024, huge_kb

@@ -109,6 +109,7 @@ def machine(device: str = "cpu") -> dict[str, object]:
         "cpu": cpu_info(),
         "bitsandbytes_cpu": bitsandbytes_cpu_backend(),
         "load_average": load_average(),
+        "huge_pages": f"{huge_pages_mode()}; {HUGE_PAGES}={os.environ.get(HUGE_PAGES, 'unset')}",
     }
 
 
@@ -185,6 +186,29 @@ def map_large_allocations(threshold: int = OWN_PAGES_FROM) -> None:
     libc = glibc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, threshold)
+
+
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's switch: its CPU tensors of 2 MB or more on transparent huge pages
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # the kernel's mode: [always], [madvise] or [never]
+
+
+def use_huge_pages() -> None:
+    """Put torch's CPU tensors of 2 MB or more on transparent huge pages (2 MB each) where the kernel gives them on
+    request: torch's allocator then aligns them and madvises them (THP_MEM_ALLOC_ENABLE; a value the user set stays).
+    A step reads every weight once, through one page-table entry for 2 MB instead of 512: on a 2-core Xeon (AMX,
+    THP mode madvise) SmolLM2-135M's compiled target-only decoding ran 2-6% faster, three alternating pairs of
+    processes (CHANGELOG.md, 2026-12-07). torch reads the variable at its first allocation of 2 MB or more and keeps
+    the answer: load_model calls this before loading, which in a run of ours comes first."""
+    os.environ.setdefault(HUGE_PAGES, "1")
+
+
+def huge_pages_mode() -> str:
+    """The kernel's transparent huge page mode (always, madvise, never), or "unknown" (no Linux sysfs)."""
+    try:
+        text = THP_MODE.read_text()
+    except OSError:
+        return "unknown"
+    return text[text.find("[") + 1:text.find("]")] if "[" in text else "unknown"
 
 
 def release_memory(device: str = "cpu") -> None:

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .copies import COPIES, copy_of, dynamic_int8, loaded_original, remember
-from .machine import map_large_allocations, off_the_file
+from .machine import map_large_allocations, off_the_file, use_huge_pages
 from .offline import OFFLINE_ASSETS, ensure_offline_model
 from .tiny import ByteTokenizer, random_model
 
@@ -111,6 +111,7 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choices: {sorted(DTYPES)}")
     map_large_allocations()  # what a run frees goes back to the system
+    use_huge_pages()  # the weights on 2 MB pages, where the kernel gives them
     if quantization in CPU_QUANTIZATIONS:
         if device != "cpu":
             raise ValueError(cpu_only(quantization, device))
