@@ -3,11 +3,17 @@ tokens, 4 rounds after a warm-up: the median seconds a prompt, and how much of t
 Run alternately with and without torch's huge pages (what load_model asks for, specdec.runtime.machine.use_huge_pages):
   for r in 1 2 3; do for thp in 0 1; do THP_MEM_ALLOC_ENABLE=$thp python docs/results/huge-pages/target_only.py; done; done
 """
-import time, torch, statistics as st, os
-from specdec.runtime.models import load_model, load_tokenizer, encode_prompt
+import os
+import statistics as st
+import time
+
+import torch
+
 from specdec.auto.runtime import RuntimeOptions, put_on_runtime
 from specdec.autoregressive import autoregressive_generate
+from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
 from specdec.sampling import GREEDY
+
 torch.set_num_threads(2)
 name = "offline:smollm2-135m-instruct"
 opts = RuntimeOptions(name="auto", widths=(16,), dynamic_width=True, packed_rows=(1, 16), cpp_wrapper=True, drafts=True)
