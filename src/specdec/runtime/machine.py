@@ -197,8 +197,9 @@ def use_huge_pages() -> None:
     request: torch's allocator then aligns them and madvises them (THP_MEM_ALLOC_ENABLE; a value the user set stays).
     A step reads every weight once, through one page-table entry for 2 MB instead of 512: on a 2-core Xeon (AMX,
     THP mode madvise) SmolLM2-135M's compiled target-only decoding ran 2-6% faster in three alternating pairs of
-    processes, the same memory (docs/results/huge-pages/xeon-amx.txt). torch reads the variable at its first allocation of 2 MB or more and keeps
-    the answer: load_model calls this before loading, which in a run of ours comes first."""
+    processes, the same memory (docs/results/huge-pages/xeon-amx.txt). torch reads the variable at its first
+    allocation of 2 MB or more and keeps the answer: load_model calls this before loading, which in a run of ours
+    comes first."""
     os.environ.setdefault(HUGE_PAGES, "1")
 
 
