@@ -36,6 +36,7 @@ from specdec.runtime.compiled import (
 )
 from specdec.runtime.inductor import graphs_built
 from specdec.runtime.models import dynamic_int8_copy
+from specdec.runtime.packed import unavailable_reason
 from specdec.runtime.probes import build_graphs, time_buckets
 from specdec.runtime.tiny import ARCHITECTURES, perturbed_copy, tiny_model
 from specdec.train.head import teacher_pass
@@ -73,6 +74,37 @@ def test_compiled_greedy_equals_eager_greedy(arch, dynamic_width):
     assert compiled_forward(target).record.eager_reason is None
     assert compiled_forward(target).dynamic_width == (dynamic_width and arch not in DYNAMIC_FAILS)
     assert largest_logit_difference(target, torch.cat([GREEDY_PROMPT[0], expected])[None]) < 1e-4
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+@pytest.mark.exhaustive  # make test: tests/test_packed.py (llama, 2 layers)
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a not in ("mixtral", "gpt_neox")])  # mixtral: no graph
+# at all (its routing); gpt_neox: its attention is not `self_attn`, so its layers are traced one by one
+def test_decoder_layers_are_traced_once_and_stamped_out(arch):
+    """With packed linears (unfrozen weights, as runtime=auto runs) a graph traces the decoder layer once per kind of
+    layer and stamps that trace out for the others (specdec.runtime.regions): fewer traces than layers, the same
+    greedy output as HF's eager generate, logits equal to float rounding; eager_model gives the layers back their own
+    forward."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    target = tiny_model(arch, seed=0, scale=20.0, n_layers=6)
+    before = {key: len(compilation_time_metrics.get(key, []))
+              for key in ("invoke_subgraph_trace", "invoke_subgraph_reuse_stamp_out")}
+    compile_model(target, widths=(4,), capacity=64, packed_rows=(1, 4), dynamic_width=True)  # as runtime=auto
+    assert compiled_forward(target).regions
+    expected = hf_greedy(target, GREEDY_PROMPT, N_NEW)
+    assert torch.equal(autoregressive_generate(target, GREEDY_PROMPT, sampling=GREEDY, max_new_tokens=N_NEW).tokens,
+                       expected)
+    out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=3,
+                               sampling=GREEDY, max_new_tokens=N_NEW)
+    assert torch.equal(out.tokens, expected)
+    assert compiled_forward(target).regions and compiled_forward(target).record.eager_reason is None
+    traces, stamps = (len(compilation_time_metrics.get(key, [])) - count for key, count in before.items())
+    graphs = len(compiled_forward(target).record.seconds)
+    assert graphs >= 1 and traces <= 2 * graphs and stamps >= 4 * graphs, (graphs, traces, stamps)
+    assert largest_logit_difference(target, torch.cat([GREEDY_PROMPT[0], expected])[None]) < 1e-4
+    eager_model(target)
+    assert all("forward" not in vars(layer) for layer in target.model.layers)
 
 
 def test_a_draft_head_reads_the_compiled_targets_features():

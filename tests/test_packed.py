@@ -112,8 +112,14 @@ def test_packed_linears_keep_the_model_and_hold_each_weight_once(arch, tied):
 @needs_avx512
 @pytest.mark.xdist_group("inductor")
 def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
+    """...and each graph traces the decoder layer once, stamping it out for the other layer (specdec.runtime.regions;
+    every architecture: tests/test_compiled.py)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
     target = tiny_model("llama", seed=0, scale=20.0)
     expected = hf_greedy(target, GREEDY_PROMPT, 24)
+    before = [len(compilation_time_metrics.get(key, [])) for key in ("invoke_subgraph_trace",
+                                                                      "invoke_subgraph_reuse_stamp_out")]
     compile_model(target, widths=(1, 2, 4), capacity=64, packed_rows=(1, 8))
     out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=3,
                                sampling=GREEDY, max_new_tokens=24)
@@ -122,6 +128,9 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
     assert runtime.record.eager_reason is None and (1, 4) in runtime.record.seconds
     assert any(isinstance(m, PackedLinear) for m in target.modules())
     assert runtime.options["freezing"] is False  # every linear packed: weights stay inputs (AOTAutograd's cache)
+    traces, stamps = (len(compilation_time_metrics.get(key, [])) - count for key, count in
+                      zip(("invoke_subgraph_trace", "invoke_subgraph_reuse_stamp_out"), before))
+    assert runtime.regions and traces == stamps == len(runtime.record.seconds) >= 1  # 2 layers: 1 trace, 1 stamp
 
 
 @needs_avx512

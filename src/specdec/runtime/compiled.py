@@ -15,8 +15,8 @@ GEMM template with frozen weights does. Three things make the forward compilable
 Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
-the first process on a machine pays the compile, later ones load it (and still trace the model: about a fifth of
-the cold time where every linear is packed and the weights stay inputs, cpu_options; docs/performance.md). A model
+the first process on a machine pays the compile, later ones load it (and still trace the model, its decoder layer
+once per graph rather than once per layer: specdec.runtime.regions). A model
 that does not compile (an architecture, a quantized layer) runs eager, with one logged line saying why.
 """
 
@@ -46,6 +46,7 @@ from .inductor import (
 )
 from .masks import MASKED_BACKENDS
 from .packed import all_packed, use_packed_kernel
+from .regions import drop_layer_regions, regions_inlined, use_layer_regions
 
 log = logging.getLogger(__name__)
 PAD_GAIN = 0.05  # a pass pads to a wider bucket only when that bucket measured at least this much cheaper
@@ -120,6 +121,9 @@ class CompiledForward:
         allow_graphs(256)
         self.options = options  # applied around every call that may compile: torch.compile's options= leave
         # freezing off (inductor_settings)
+        self.regions = not options["freezing"] and use_layer_regions(model) > 0  # each graph traces the decoder
+        # layer once, not once per layer (specdec.runtime.regions); frozen weights are graph constants, which a
+        # region's trace cannot be stamped out over (torch 2.13)
         self.compiled = torch.compile(own_code(type(self).run).__get__(self), fullgraph=True, dynamic=False,
                                       options={**options, "guard_filter_fn": skip_buffer_guards(model)})
         self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
@@ -185,7 +189,7 @@ class CompiledForward:
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
         graphs = graphs_built()
-        with inductor_settings(self.options):
+        with inductor_settings(self.options), regions_inlined():
             if self.window_slots:  # a call that may compile: its graph takes the window and the capacity as dynamic
                 dynamic_window(inputs[2], inputs[3].layers[0].capacity)
                 dynamic_capacity(inputs[3])
@@ -209,6 +213,12 @@ class CompiledForward:
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             reason = f"{type(error).__name__}: {reason}"[:300]
+            if self.regions:  # traced once more, each layer on its own, before anything else is given up
+                self.regions = False
+                drop_layer_regions(self.model)
+                log.warning("%s: decoder layers traced one by one, as tracing them as one region failed (%s)",
+                            type(self.model).__name__, reason)
+                return self.first_call(shape, *inputs)
             if self.dynamic_width:  # (Gemma 2's soft-capped attention, on torch 2.13; a batch's rows beyond the
                 # packed kernel's)
                 self.dynamic_width = False
@@ -304,6 +314,7 @@ def eager_model(model: PreTrainedModel) -> None:
     from .packed import unpack_linears
 
     RUNTIMES.pop(model, None)
+    drop_layer_regions(model)
     unpack_linears(model)
     shipped_attention(model)
 

@@ -130,11 +130,7 @@ class SlotLayer(GrowingLayer):
             self.lazy_initialization(key_states, value_states)
         if self.key_buffer is None:
             self.allocate(key_states, value_states)
-        index = self.filled + torch.arange(key_states.shape[-2], device=key_states.device)  # (n,)
-        self.key_buffer.index_copy_(2, index, key_states)
-        self.value_buffer.index_copy_(2, index, value_states)
-        self.filled.add_(key_states.shape[-2])
-        return self.key_buffer, self.value_buffer
+        return write_slots(self.key_buffer, self.value_buffer, self.filled, key_states, value_states)
 
     def allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.key_buffer = keys.new_zeros((*keys.shape[:-2], self.capacity, keys.shape[-1]))
@@ -191,6 +187,17 @@ class SlotLayer(GrowingLayer):
         end = keys.shape[-2]
         self.key_buffer[..., :end, :], self.value_buffer[..., :end, :] = keys, values
         self.filled.fill_(end)
+
+
+def write_slots(key_buffer: torch.Tensor, value_buffer: torch.Tensor, filled: torch.Tensor, key_states: torch.Tensor,
+                value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a pass's states (B, H, n, D) into slots filled.. of the buffers (B, H, capacity, D) in place and count
+    them; the whole buffers back (their shape does not change as the cache fills)."""
+    index = filled + torch.arange(key_states.shape[-2], device=key_states.device)  # (n,)
+    key_buffer.index_copy_(2, index, key_states)
+    value_buffer.index_copy_(2, index, value_states)
+    filled.add_(key_states.shape[-2])
+    return key_buffer, value_buffer
 
 
 def slot_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
