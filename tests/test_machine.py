@@ -10,6 +10,7 @@ import torch
 from specdec.markdown import cell, document, markdown_table, section
 from specdec.runtime.machine import (
     HUGE_PAGES,
+    collecting_new_objects_only,
     cpu_flags,
     flags_present,
     glibc,
@@ -98,3 +99,26 @@ def test_torch_puts_a_large_tensor_on_huge_pages_when_asked():
     huge_kb = int(subprocess.run([sys.executable, "-c", ON_HUGE_PAGES], capture_output=True, text=True, check=True,
                                  env={**os.environ, HUGE_PAGES: "1"}).stdout)
     assert huge_kb >= 32 * 1024, huge_kb
+
+
+class Node:
+    def __init__(self):
+        self.cycle = self  # garbage only a collection frees
+
+
+def test_collections_inside_the_block_pass_over_older_objects():
+    """gc.freeze for the block: an older garbage cycle survives a collection made inside it, a new one does not, and
+    after the block the old one is collected."""
+    import gc
+    import weakref
+
+    old = Node()
+    old_ref = weakref.ref(old)
+    with collecting_new_objects_only():
+        new = Node()
+        new_ref = weakref.ref(new)
+        del old, new
+        gc.collect()
+        assert new_ref() is None and old_ref() is not None
+    gc.collect()
+    assert old_ref() is None

@@ -12,6 +12,7 @@ from specdec.runtime.models import (
     encode_prompt,
     force_unfused_4bit,
     load_model,
+    load_tokenizer,
 )
 from specdec.runtime.offline import (
     GEMMA3,
@@ -110,6 +111,13 @@ def test_gemma3_asset_is_the_checked_one():
     assert [m.rsplit(".", 1)[-1] for _, m in GEMMA3.pieces] == ["part00", "part01", "part02", "part03"]
     assert GEMMA3.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     assert any(m.endswith("GEMMA_TERMS.html") for _, m in GEMMA3.licence)
+
+
+def test_a_tokenizer_is_loaded_once_per_process_and_folder(smollm2):
+    """A two-vocabulary pair asks for the target's tokenizer twice (its side and the drafter's): one load serves
+    both."""
+    name = "offline:smollm2-135m-instruct"
+    assert load_tokenizer(name) is load_tokenizer(name) is smollm2[1]
 
 
 def test_dynamic_int8_copy_loads_and_drafts(tmp_path):

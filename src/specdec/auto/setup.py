@@ -28,7 +28,7 @@ from ..choose.threads import OnlineThreadChoice
 from ..draft.base import Drafter, check_rows
 from ..draft.switch import DraftSwitch
 from ..runtime.compiled import runs_compiled
-from ..runtime.machine import machine, release_memory
+from ..runtime.machine import collecting_new_objects_only, machine, release_memory
 from ..runtime.models import encode_prompt
 from ..runtime.probes import ThreadChoice
 from ..sampling import GREEDY, Sampling
@@ -101,9 +101,10 @@ def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Dra
     builders = {name: built(candidate) for name, candidate in drafters.items()}
     if isinstance(drafters, dict):
         drafters.clear()  # the candidates live in the calibration only: a dropped one's memory goes back
-    result, kept = calibrate_in_turn(target, builders, prompt_ids, keep=KEEP_CANDIDATES,
-                                     release=partial(release_memory, device), k=k, k_max=k_max, sampling=sampling,
-                                     eos_token_id=eos_token_id, seed=seed)  # fmt: skip
+    with collecting_new_objects_only():  # each dropped candidate's collection looks at the candidates only
+        result, kept = calibrate_in_turn(target, builders, prompt_ids, keep=KEEP_CANDIDATES,
+                                         release=partial(release_memory, device), k=k, k_max=k_max, sampling=sampling,
+                                         eos_token_id=eos_token_id, seed=seed)  # fmt: skip
     (report or Report()).say("calibration: %s", result.reason)
     # kept: best first, the chosen one first of all; the naive method's draft model: the first kept that has one
     model = next((d.model for d in kept.values() if getattr(d, "model", None) is not None), None)

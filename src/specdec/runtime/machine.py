@@ -3,6 +3,7 @@ and peak memory (a process's high-water mark, or sampled over a block). Record i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -222,6 +223,19 @@ def release_memory(device: str = "cpu") -> None:
         libc.malloc_trim(0)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def collecting_new_objects_only():
+    """Within the block, the garbage collector passes over every object that existed when it began (gc.freeze): a
+    calibration drops candidate after candidate (release_memory), and a full collection over what the loaded target,
+    its compiled graphs and the libraries hold (about 700,000 objects) took 0.37 s on a 2-core Xeon, six times per
+    `make run`. What the block made is collected as usual; afterwards every object is collectable again."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def off_the_file(model: torch.nn.Module) -> torch.nn.Module:
