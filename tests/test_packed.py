@@ -134,6 +134,31 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
 
 
 @needs_avx512
+@pytest.mark.xdist_group("inductor")
+@pytest.mark.exhaustive
+def test_a_region_that_does_not_trace_leaves_the_layers_traced_one_by_one(monkeypatch, caplog):
+    """Where tracing the decoder layer as a region fails, the graph is traced again with each layer on its own (one
+    logged line) and the model stays compiled, its greedy output HF's."""
+    from specdec.runtime import regions
+
+    def unsupported(*args, **kwargs):
+        torch._dynamo.graph_break()  # fullgraph=True: tracing fails
+        return regions.layer_pass(*args, **kwargs)
+
+    monkeypatch.setattr(regions, "LAYER_REGION", torch.compiler.nested_compile_region(unsupported))
+    target = tiny_model("llama", seed=1, scale=20.0)
+    expected = hf_greedy(target, GREEDY_PROMPT, 12)
+    compile_model(target, widths=(1, 2), capacity=64, packed_rows=(1, 8))
+    with caplog.at_level(logging.WARNING):
+        out = speculative_generate(target, ModelDrafter(perturbed_copy(target, 0.15)), GREEDY_PROMPT, k=1,
+                                   sampling=GREEDY, max_new_tokens=12)
+    runtime = compiled_forward(target)
+    assert "decoder layers traced one by one" in caplog.text
+    assert not runtime.regions and runtime.record.eager_reason is None and runtime.record.seconds
+    assert torch.equal(out.tokens, expected) and all("forward" not in vars(layer) for layer in target.model.layers)
+
+
+@needs_avx512
 def test_row_cost_times_the_packed_linears_at_two_row_counts():
     """The ratio of the packed linears' cost at 8 rows to one row (runtime.step_graph=auto reads it): a positive
     number for a packed model; None where no packed linear takes that many rows, or the model has none."""

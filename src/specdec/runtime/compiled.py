@@ -213,12 +213,6 @@ class CompiledForward:
         except Exception as error:  # noqa: BLE001 (any compiler failure: the model still runs, eager)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             reason = f"{type(error).__name__}: {reason}"[:300]
-            if self.regions:  # traced once more, each layer on its own, before anything else is given up
-                self.regions = False
-                drop_layer_regions(self.model)
-                log.warning("%s: decoder layers traced one by one, as tracing them as one region failed (%s)",
-                            type(self.model).__name__, reason)
-                return self.first_call(shape, *inputs)
             if self.dynamic_width:  # (Gemma 2's soft-capped attention, on torch 2.13; a batch's rows beyond the
                 # packed kernel's)
                 self.dynamic_width = False
@@ -226,6 +220,12 @@ class CompiledForward:
                             type(self.model).__name__, reason)
                 raise Rebucket  # the caller pads this pass to its bucket: it runs compiled as every later one does
                 # (an eager pass here would round differently, and batch invariance would not hold)
+            if self.regions:  # traced once more, each layer on its own, before the model runs eager
+                self.regions = False
+                drop_layer_regions(self.model)
+                log.warning("%s: decoder layers traced one by one, as tracing them as one region failed (%s)",
+                            type(self.model).__name__, reason)
+                return self.first_call(shape, *inputs)
             self.record.eager_reason = reason
             log.warning("%s runs eager: torch.compile failed (%s)", type(self.model).__name__, reason)
             return self.run(*inputs)  # tracing failed before anything ran

@@ -43,12 +43,16 @@ def layer_pass(layer: torch.nn.Module, hidden_states: torch.Tensor, key_buffer: 
     return type(layer).forward(layer, hidden_states, cache=LayerSlots(key_buffer, value_buffer, filled), **kwargs)
 
 
-def regional_forward(region, layer: torch.nn.Module, hidden_states: torch.Tensor, *args, cache=None, **kwargs):
-    """A decoder layer's forward: through `region` while a graph is traced over a slot cache, else as shipped."""
+MAX_TRACES = 256  # traces the region keeps within one graph: one per kind of layer, each layer at most
+LAYER_REGION = torch.compiler.nested_compile_region(layer_pass, max_reuse_entries=MAX_TRACES)
+
+
+def regional_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *args, cache=None, **kwargs):
+    """A decoder layer's forward: through LAYER_REGION while a graph is traced over a slot cache, else as shipped."""
     slots = cache.layers[layer.self_attn.layer_idx] if cache is not None else None
     if args or not isinstance(slots, SlotLayer) or not slots.held() or not torch.compiler.is_compiling():
         return type(layer).forward(layer, hidden_states, *args, cache=cache, **kwargs)
-    return region(layer, hidden_states, slots.key_buffer, slots.value_buffer, slots.filled, **kwargs)
+    return LAYER_REGION(layer, hidden_states, slots.key_buffer, slots.value_buffer, slots.filled, **kwargs)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -63,13 +67,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def use_layer_regions(model: torch.nn.Module) -> int:
-    """Route every decoder layer's calls through one region (of as many traces as it has layers at most: each layer
-    may differ); the number of layers routed."""
+    """Route every decoder layer's calls through LAYER_REGION; the number of layers routed."""
     layers = decoder_layers(model)
-    region = torch.compiler.nested_compile_region(layer_pass, max_reuse_entries=max(len(layers), 1))
+    if len(layers) > MAX_TRACES:  # more kinds of layer than the region may keep traces of, in the worst case
+        return 0
     for layer in layers:
-        setattr(layer, ATTRIBUTE, functools.partial(regional_forward, region, layer))  # a partial: copies and
-        # pickles of the model keep it (a bound method of a function set on an instance does not unpickle)
+        setattr(layer, ATTRIBUTE, functools.partial(regional_forward, layer))  # a partial of module-level functions:
+        # copies and pickles of the model keep it (a bound method set on an instance does not unpickle)
     return len(layers)
 
 
