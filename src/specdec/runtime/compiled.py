@@ -16,8 +16,8 @@ Passes wider than every bucket (a prompt) run eager on the same cache.
 
 Compiled code is cached by inductor on disk (TORCHINDUCTOR_CACHE_DIR, by default under the specdec cache folder):
 the first process on a machine pays the compile, later ones load it (and still trace the model, its decoder layer
-once per graph rather than once per layer: specdec.runtime.regions). A model
-that does not compile (an architecture, a quantized layer) runs eager, with one logged line saying why.
+once per graph rather than once per layer: specdec.runtime.regions). A model that does not compile (an architecture,
+a quantized layer) runs eager, with one logged line saying why.
 """
 
 from __future__ import annotations
