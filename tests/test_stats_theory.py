@@ -164,7 +164,7 @@ def test_theory_check_measures_c_and_the_verify_cost_against_the_baseline_step()
 
 def test_an_outputs_quality_is_scored_by_the_target(pair):
     """specdec.quality.output_quality: the target's NLL, agreement with a reference, diversity."""
-    from specdec.quality import negative_log_likelihood, output_quality
+    from specdec.quality import continuation_log_probs, negative_log_likelihood, output_quality, token_log_probs
 
     target, _ = pair
     ids, tokens = torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 4, 5, 4, 5])
@@ -174,6 +174,10 @@ def test_an_outputs_quality_is_scored_by_the_target(pair):
     assert scored["repetition_4"] == pytest.approx(1 / 3) and scored["parted_at"] == 2
     assert output_quality(target, ids, tokens, reference=tokens)["parted_at"] is None  # identical
     assert output_quality(target, ids, tokens)["agreement"] is None  # no reference (sampling)
+    # the continuation's log-probs from the output layer over its own rows (logits_to_keep): those of the whole pass
+    whole = token_log_probs(target, torch.cat([ids, tokens[None]], dim=-1))
+    assert whole.shape == (8,)
+    torch.testing.assert_close(continuation_log_probs(target, ids, tokens), whole[-6:], rtol=1e-5, atol=1e-5)
 
 
 def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():

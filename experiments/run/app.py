@@ -33,7 +33,6 @@ from specdec.runtime.machine import peak_memory
 from specdec.runtime.models import encode_prompt
 
 from ..records import append_rows, machine, read_rows, write_json
-from .figures import run_figures
 from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pairs
@@ -147,6 +146,7 @@ def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logg
         run_dir, keys, table, metrics, histograms,
         naive_sentence(table, plan.greedy) + rounding_sentence(rows, plan.greedy), rows["prompt_id"].nunique(),
     )  # fmt: skip
+    from .figures import run_figures  # matplotlib and seaborn (50 MB) load here, after the timed runs
     figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
     scalar_rows = rows.drop(columns=list(LIST_FIELDS))
     logger.log_run(metrics, {"results": scalar_rows, "samples": samples(rows, prompts)}, figures, histograms)

@@ -8,13 +8,20 @@ from collections import Counter
 import torch
 from transformers import PreTrainedModel
 
+ROWS = 64  # rows of logits normalized at a time (token_log_probs)
+
 
 @torch.inference_mode()
-def token_log_probs(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
-    """log p_model(ids[t] | ids[:t]) for t = 1..L-1, one forward pass."""  # ids: (1, L) -> (L-1,)
+def token_log_probs(model: PreTrainedModel, ids: torch.Tensor, last: int = 0) -> torch.Tensor:
+    """log p_model(ids[t] | ids[:t]) for t = 1..L-1, one forward pass; last > 0: for the last `last` tokens only,
+    the output layer run over the rows that predict them (logits_to_keep: a (last, V) block instead of (L-1, V),
+    the largest allocation of the pass)."""  # ids: (1, L) -> (L-1,) or (last,)
     ids = ids.to(model.device)
-    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (L-1, V)
-    return logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=last + 1 if last else 0).logits[0, :-1].float()
+    scored = ids[0, -logits.shape[0]:, None]  # (n, 1): the tokens the logits predict
+    # by blocks of rows: one block's normalized copy at a time, not a second (n, V) tensor
+    return torch.cat([rows.log_softmax(-1).gather(-1, tokens).squeeze(-1)
+                      for rows, tokens in zip(logits.split(ROWS), scored.split(ROWS))] or [logits.new_zeros(0)])
 
 
 def continuation_log_probs(
@@ -24,7 +31,7 @@ def continuation_log_probs(
     if continuation.numel() == 0:
         return torch.zeros(0)
     ids = torch.cat([prompt_ids.to(model.device), continuation.to(model.device)[None]], dim=-1)
-    return token_log_probs(model, ids)[-continuation.numel() :]
+    return token_log_probs(model, ids, last=continuation.numel())
 
 
 def negative_log_likelihood(model: PreTrainedModel, prompt_ids: torch.Tensor, continuation: torch.Tensor) -> float:

@@ -27,6 +27,8 @@ push a live state out of it, and a crop never needs a state a window already dro
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import PreTrainedModel
 
@@ -155,7 +157,7 @@ class CachedLM:
             positions = self.lengths()[:, None] + torch.arange(width, device=self.device)
         positions = positions.to(self.device)
         if self.compiled is not None:
-            logits = self.slot_pass(tokens.to(self.device), positions, ancestry)
+            logits = self.slot_pass(tokens.to(self.device), positions, ancestry, last_only)
             return logits[:, -1:] if last_only else logits
         plain = rows == 1 and ancestry is None
         if not plain:
@@ -172,9 +174,12 @@ class CachedLM:
         self.positions = torch.cat([self.positions, positions], dim=1)
         return out.logits[..., : self.vocab_size]
 
-    def slot_pass(self, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor | None) -> torch.Tensor:
+    def slot_pass(self, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor | None,
+                  last_only: bool = False) -> torch.Tensor:  # fmt: skip
         """forward on the compiled runtime: the pass padded with dead queries to its bucket (or eager when wider than
-        every bucket), over a window of the slot buffer; the padding's slots are cropped afterwards."""
+        every bucket), over a window of the slot buffer; the padding's slots are cropped afterwards. last_only: an
+        eager pass without padding (a prompt) runs the output layer over its last position alone (a 2k-token
+        prompt's logits are 0.4 GB in float32 for a 49k vocabulary)."""
         rows, width = tokens.shape
         tokens = tokens.clone(memory_format=torch.contiguous_format)  # a graph guards on strides: a slice of a
         # longer sequence (stride L) would compile a graph per sequence length
@@ -188,11 +193,12 @@ class CachedLM:
         mask = self.masks(positions, ancestry, keys=self.compiled.window(self.slots + padded,
                                                                           self.cache.layers[0].capacity))
         held = all(layer.held() for layer in self.cache.layers)
-        run = self.compiled if bucket is not None and held else self.compiled.run
+        keep = 1 if last_only and padded == width else 0
+        run = self.compiled if bucket is not None and held else functools.partial(self.compiled.run, keep=keep)
         try:
             logits, hidden = run(tokens, positions.clamp_min(0), mask, self.cache)
         except Rebucket:  # one graph for every width failed: the same pass again, padded to a bucket
-            return self.slot_pass(tokens[:, :width], positions[:, :width], ancestry[:, :width, :width])
+            return self.slot_pass(tokens[:, :width], positions[:, :width], ancestry[:, :width, :width], last_only)
         for layer in self.cache.layers:
             layer.keep_slots(self.slots + width)
         if self.features is not None:

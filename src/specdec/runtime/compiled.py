@@ -132,14 +132,17 @@ class CompiledForward:
         """A copy of a compiled model runs eager: its runtime copies as None (Runtimes)."""
         return type(None), ()
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, mask, cache, keep: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The model's logits (B, n, V) and last hidden states (B, n, d) for tokens (B, n) at positions (B, n),
-        appended to cache. The hidden states (after the final norm: a draft head's features,
+        appended to cache; keep > 0 (an eager pass, a prompt): the logits of the last `keep` positions only, the
+        output layer run over those rows alone. The hidden states (after the final norm: a draft head's features,
         specdec.runtime.features) are one more output of the same graph, so a target that keeps them needs no
         graphs of its own."""
         out = self.model.forward(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
-                                 use_cache=True, output_hidden_states=True)  # forward: hooks on the model (a bench's
-        # clock) stay out of the graph; traced into it, a hook that dynamo cannot follow makes the compile fail
+                                 use_cache=True, output_hidden_states=True, logits_to_keep=keep)
+        # forward: hooks on the model (a bench's clock) stay out of the graph; traced into it, a hook that dynamo
+        # cannot follow makes the compile fail
         return out.logits, out.hidden_states[-1]
 
     @property
