@@ -164,7 +164,12 @@ def test_theory_check_measures_c_and_the_verify_cost_against_the_baseline_step()
 
 def test_an_outputs_quality_is_scored_by_the_target(pair):
     """specdec.quality.output_quality: the target's NLL, agreement with a reference, diversity."""
-    from specdec.quality import continuation_log_probs, negative_log_likelihood, output_quality, token_log_probs
+    from specdec.quality import (
+        continuation_log_probs,
+        negative_log_likelihood,
+        output_quality,
+        token_log_probs,
+    )
 
     target, _ = pair
     ids, tokens = torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 4, 5, 4, 5])
