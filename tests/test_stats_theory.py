@@ -164,12 +164,7 @@ def test_theory_check_measures_c_and_the_verify_cost_against_the_baseline_step()
 
 def test_an_outputs_quality_is_scored_by_the_target(pair):
     """specdec.quality.output_quality: the target's NLL, agreement with a reference, diversity."""
-    from specdec.quality import (
-        continuation_log_probs,
-        negative_log_likelihood,
-        output_quality,
-        token_log_probs,
-    )
+    from specdec.quality import negative_log_likelihood, output_quality
 
     target, _ = pair
     ids, tokens = torch.tensor([[1, 2, 3]]), torch.tensor([4, 5, 4, 5, 4, 5])
@@ -179,10 +174,25 @@ def test_an_outputs_quality_is_scored_by_the_target(pair):
     assert scored["repetition_4"] == pytest.approx(1 / 3) and scored["parted_at"] == 2
     assert output_quality(target, ids, tokens, reference=tokens)["parted_at"] is None  # identical
     assert output_quality(target, ids, tokens)["agreement"] is None  # no reference (sampling)
-    # the continuation's log-probs from the output layer over its own rows (logits_to_keep): those of the whole pass
-    whole = token_log_probs(target, torch.cat([ids, tokens[None]], dim=-1))
-    assert whole.shape == (8,)
-    torch.testing.assert_close(continuation_log_probs(target, ids, tokens), whole[-6:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_neox"])
+def test_log_probs_are_those_of_the_models_own_logits(arch, monkeypatch):
+    """specdec.quality.token_log_probs runs the output layer over the final hidden states a block of rows at a time
+    (3 here): the log-probs of the model's own logits (Gemma 2's soft-capped), for the whole text and for its last
+    tokens (continuation_log_probs)."""
+    from specdec import quality
+
+    monkeypatch.setattr(quality, "ROWS", 3)
+    model = tiny_model(arch, seed=0, scale=40.0)  # logits well past Gemma 2's cap of 30
+    ids = torch.randint(0, 32, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    expected = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(quality.token_log_probs(model, ids), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(quality.continuation_log_probs(model, ids[:, :5], ids[0, 5:]), expected[-7:],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert quality.token_log_probs(model, ids[:, :1]).shape == (0,)  # one token: nothing to score
 
 
 def test_pooled_chosen_k_histograms_and_draft_rounds_add_up():

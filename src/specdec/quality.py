@@ -8,20 +8,29 @@ from collections import Counter
 import torch
 from transformers import PreTrainedModel
 
-ROWS = 64  # rows of logits normalized at a time (token_log_probs)
+ROWS = 64  # rows of the output layer run at a time (token_log_probs)
 
 
 @torch.inference_mode()
 def token_log_probs(model: PreTrainedModel, ids: torch.Tensor, last: int = 0) -> torch.Tensor:
-    """log p_model(ids[t] | ids[:t]) for t = 1..L-1, one forward pass; last > 0: for the last `last` tokens only,
-    the output layer run over the rows that predict them (logits_to_keep: a (last, V) block instead of (L-1, V),
-    the largest allocation of the pass)."""  # ids: (1, L) -> (L-1,) or (last,)
-    ids = ids.to(model.device)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=last + 1 if last else 0).logits[0, :-1].float()
-    scored = ids[0, -logits.shape[0]:, None]  # (n, 1): the tokens the logits predict
-    # by blocks of rows: one block's normalized copy at a time, not a second (n, V) tensor
-    return torch.cat([rows.log_softmax(-1).gather(-1, tokens).squeeze(-1)
-                      for rows, tokens in zip(logits.split(ROWS), scored.split(ROWS))] or [logits.new_zeros(0)])
+    """log p_model(ids[t] | ids[:t]) for t = 1..L-1 (last > 0: for the last `last` tokens only), one forward pass.
+    The pass keeps its final hidden states, not its logits; the output layer then runs over ROWS of them at a time,
+    each block normalized and read at its tokens before the next: a (ROWS, V) block in memory instead of (L, V)
+    (a 300-token text's logits and their copies were about 0.2 GB for SmolLM2's 49k vocabulary)."""
+    ids = ids.to(model.device)  # (1, L) -> (L-1,) or (last,)
+    length = ids.shape[-1]
+    first = length - (last or length - 1)  # the first scored position
+    hidden = model(input_ids=ids, use_cache=False, logits_to_keep=1, output_hidden_states=True).hidden_states[-1]
+    rows, scored = hidden[0, first - 1 : length - 1], ids[0, first:, None]  # the rows that predict the scored tokens
+    head = model.get_output_embeddings()
+    return torch.cat([output_logits(model, head(block)).float().log_softmax(-1).gather(-1, tokens).squeeze(-1)
+                      for block, tokens in zip(rows.split(ROWS), scored.split(ROWS))] or [hidden.new_zeros(0)])
+
+
+def output_logits(model: PreTrainedModel, logits: torch.Tensor) -> torch.Tensor:
+    """What the model's forward does to its output layer's product: Gemma 2's soft cap (final_logit_softcapping)."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def continuation_log_probs(
