@@ -274,6 +274,10 @@ def test_kept_candidates_are_the_best_but_none_that_cannot_gain_after_the_first(
     assert kept_names(results, 5, has_model) == ["int8", "nf4", "ngram"]  # "even" gains nothing: not kept
     assert kept_names(results[:2], 3, has_model) == ["ngram", "slow"]  # the only model, slow as it is, for naive
     assert kept_names([result("slow", 1.3, 0.9)], 3, has_model) == ["slow"]  # the best stays, whatever its c
+    bound = CandidateResult("bound", "per_token", 5.0, 0.5, math.nan, 4, 1.0, 1.3, 4, 1.3)  # not probed: even at
+    # alpha = 1 it could not beat the best, so its copy is not kept for the run
+    assert kept_names([*results, bound], 3, has_model) == ["int8", "nf4", "ngram"]
+    assert kept_names([result("slow", 1.3, 0.9), bound], 3, has_model) == ["bound"]  # the best, probed or not
 
 
 def test_prepare_keeps_the_calibrated_candidates_and_says_why(target):

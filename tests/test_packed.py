@@ -211,6 +211,19 @@ def test_int8_product_equals_the_product_with_the_dequantized_weight(kernel, row
 
 
 @needs_avx512
+def test_an_int8_linear_built_by_blocks_is_its_whole_weight_packed(kernel):
+    """PackedInt8Linear quantizes 64 panels of outputs at a time (weight_blocks), from an nn.Linear or from a
+    PackedLinear's panels: the panels and scales of the whole weight packed at once, the last panel partial."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 64 * 48 * 2 + 20)
+    packed, scales = kernel.pack_int8(linear.weight.detach())
+    for source in (linear, PackedLinear(linear, (1, 16))):
+        copy = PackedInt8Linear(source)
+        assert torch.equal(copy.packed, packed) and torch.equal(copy.scales, scales), type(source)
+        assert torch.equal(copy.bias, linear.bias.detach()) and copy.out_features == linear.out_features
+
+
+@needs_avx512
 def test_a_packed_int8_copy_drafts_for_its_float32_target(tmp_path):
     """load_model(quantization='packed_int8'): every linear, the tied output layer included, becomes int8 on the
     kernel and keeps no float32 weight; the embedding stays float32; the copy is close to its target (most drafts

@@ -321,10 +321,12 @@ def conclude(results: Sequence[CandidateResult], timings: Timings) -> Calibratio
 
 def kept_names(results: Sequence[CandidateResult], keep: int, has_model: Callable[[str], bool]) -> list[str]:
     """The `keep` best results' names (best first) but those that cannot gain after the best (slower than the target,
-    c > 1, or predicted at most 1x at their best k: each loaded copy costs its bytes for the whole run), and the best
-    one with a draft model if none of those has one (the naive method generates with it)."""
+    c > 1, or predicted at most 1x at their best k; or a draft model not probed, which even at alpha = 1 could not
+    beat the best: each loaded copy costs its bytes for the whole run), and the best one with a draft model if none
+    of those has one (the naive method generates with it)."""
     ranked = [r.name for r in sorted(results, key=lambda r: -r.speedup)]
-    slow = {r.name for r in results if r.slower_than_target or r.best_speedup <= 1.0}
+    slow = {r.name for r in results if r.slower_than_target or r.best_speedup <= 1.0
+            or (math.isnan(r.alpha) and has_model(r.name))}  # fmt: skip
     kept = [name for i, name in enumerate(ranked) if i == 0 or name not in slow][:keep]
     if not any(has_model(n) for n in kept):
         kept += [n for n in ranked if n not in kept and has_model(n)][:1]

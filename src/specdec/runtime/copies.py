@@ -144,8 +144,9 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
         source = model.get_submodule(name)
         parent, _, child = name.rpartition(".")
         if isinstance(module, torch.nn.Linear) and name not in keep:
-            setattr(twin.get_submodule(parent), child,
-                    linear_copy(dense_linear(source), quantization, compute_dtype or dtype, cast))
+            setattr(twin.get_submodule(parent), child,  # a packed int8 copy reads a packed source by blocks
+                    linear_copy(source if quantization == "packed_int8" else dense_linear(source), quantization,
+                                compute_dtype or dtype, cast))
             continue
         if isinstance(source, PanelEmbedding) and quantization != "none":  # float32 rows: the target's module
             setattr(twin.get_submodule(parent), child, source)

@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ SOURCE = Path(__file__).parent / "kernels" / "packed_mm.cpp"
 # Rows from which a pass outside a PackedLinear's `rows` unpanels its weight for F.linear rather than multiplying by
 # the panels in place (a batched product, faster for fewer rows; the copy of the weight costs less than a millisecond)
 UNPANEL_ROWS = 256
+PANEL = 48  # outputs per panel, as kernels/packed_mm.cpp packs them
 
 
 def unavailable_reason() -> str | None:
@@ -164,20 +166,33 @@ class PanelEmbedding(torch.nn.Module):
 class PackedInt8Linear(torch.nn.Module):
     """A linear with int8 weights, one float32 scale per output (symmetric, weight-only: activations stay float32),
     on the packed kernel for passes of any number of rows: a quarter of the float32 bytes to read per step. Keeps no
-    float32 weight (a tied one stays with the embedding)."""
+    float32 weight (a tied one stays with the embedding). Built from an nn.Linear or a PackedLinear, a block of
+    outputs at a time (weight_blocks): each output's scale and rounding are its own, so the panels are those of the
+    whole weight quantized at once, without its float32 temporaries (a 49k-token output layer's: about 0.4 GB)."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear | PackedLinear):
         super().__init__()
         load_kernel()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed, scales = torch.ops.specdec.pack_int8(linear.weight.detach().float())
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales", scales)
+        packed, scales = zip(*(torch.ops.specdec.pack_int8(block) for block in weight_blocks(linear)))
+        self.register_buffer("packed", torch.cat(packed))
+        self.register_buffer("scales", torch.cat(scales))
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return on_rows(x, self.bias, lambda rows: torch.ops.specdec.packed_int8_mm(rows, self.packed, self.scales,
                                                                                    self.out_features))
+
+
+def weight_blocks(linear: torch.nn.Linear | PackedLinear, panels: int = 64) -> Iterator[torch.Tensor]:
+    """A linear's (out, in) float32 weight by blocks of `panels` x PANEL outputs, each new memory: a PackedLinear's
+    laid back out of its panels a block at a time, never the whole weight at once."""
+    if isinstance(linear, PackedLinear) and linear.weight is None:
+        for first in range(0, linear.packed.shape[0], panels):
+            block = linear.packed[first : first + panels]
+            yield unpanel(block, min(block.shape[0] * PANEL, linear.out_features - first * PANEL))
+    else:
+        yield from linear.weight.detach().float().split(panels * PANEL)
 
 
 def on_rows(x: torch.Tensor, bias: torch.Tensor | None, product) -> torch.Tensor:
