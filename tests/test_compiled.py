@@ -146,6 +146,23 @@ def test_a_graph_compiles_under_the_benchs_forward_clock():
     assert clock.calls == {"target": 3}
 
 
+def test_a_prompts_last_logits_alone_are_those_of_the_whole_pass():
+    """A pass wider than every bucket runs eager; asked for its last position only (a prompt's prefill), the output
+    layer runs over that row alone (logits_to_keep): the whole pass's last logits, the cache filled alike."""
+    target = compiled_tiny("llama")
+    prompt = torch.cat([GREEDY_PROMPT, GREEDY_PROMPT], dim=1)  # 12 tokens: wider than every bucket
+    whole, last = CachedLM(target), CachedLM(target)
+    logits = whole.forward(prompt)
+    rows = []
+    hook = target.lm_head.register_forward_hook(lambda module, inputs, out: rows.append(inputs[0].shape[-2]))
+    assert last.forward(prompt, last_only=True).shape == (1, 1, logits.shape[-1])
+    hook.remove()
+    assert rows == [1]  # the output layer ran over the last position alone
+    torch.testing.assert_close(last.forward(prompt[:, :5]), whole.forward(prompt[:, :5]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(CachedLM(target).forward(prompt, last_only=True), logits[:, -1:], rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
 def test_a_pass_is_padded_to_its_bucket_and_the_padding_cropped():
     target = compiled_tiny("llama")
     lm = CachedLM(target)

@@ -284,9 +284,9 @@ class ForwardClock:
         for attr in ("compiled", "run"):
             inner = getattr(runtime, attr)
 
-            def timed(*args, inner=inner):
+            def timed(*args, inner=inner, **kwargs):
                 self._start()
-                out = inner(*args)
+                out = inner(*args, **kwargs)
                 self._stop(name)
                 return out
 
