@@ -78,11 +78,14 @@ def bnb_linear(linear: torch.nn.Linear, quantization: str, compute_dtype: torch.
     return layer
 
 
-def linear_copy(linear: torch.nn.Linear, quantization: str, compute_dtype: torch.dtype, cast) -> torch.nn.Module:
+def linear_copy(linear: torch.nn.Linear | PackedLinear, quantization: str, compute_dtype: torch.dtype,
+                cast) -> torch.nn.Module:  # fmt: skip
     """One layer's copy: quantized, or an nn.Linear of its tensors cast (`cast`: a tensor's copy in the copy's
-    dtype, the same one for tied tensors)."""
+    dtype, the same one for tied tensors). A packed source is read by blocks of its panels for a packed int8 copy,
+    laid back out whole for the others."""
     if quantization == "packed_int8":
         return PackedInt8Linear(linear)
+    linear = dense_linear(linear)
     if quantization == "dynamic_int8":
         return dynamic_int8(torch.nn.Sequential(linear))[0]  # a copy of the one layer: the source stays as it is
     if quantization != "none":
@@ -144,9 +147,8 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
         source = model.get_submodule(name)
         parent, _, child = name.rpartition(".")
         if isinstance(module, torch.nn.Linear) and name not in keep:
-            setattr(twin.get_submodule(parent), child,  # a packed int8 copy reads a packed source by blocks
-                    linear_copy(source if quantization == "packed_int8" else dense_linear(source), quantization,
-                                compute_dtype or dtype, cast))
+            setattr(twin.get_submodule(parent), child,
+                    linear_copy(source, quantization, compute_dtype or dtype, cast))
             continue
         if isinstance(source, PanelEmbedding) and quantization != "none":  # float32 rows: the target's module
             setattr(twin.get_submodule(parent), child, source)
