@@ -64,6 +64,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                     "(pytest-dev/pytest-xdist#1386). Fix: pip install 'pytest<9.2' (pyproject.toml pins it).")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def kernels_as_this_cpu_runs_them():
+    """Whether the attention kernel runs here is asked once and kept (window_kernel is cached): ask it before any
+    test fakes a CPU without AVX-512 (test_packed, test_app_setup), or the faked answer would stay with the worker,
+    and the kernel's tests that follow on it would find no kernel (they did on a 2-core EPYC)."""
+    from specdec.runtime.attention import window_kernel
+
+    window_kernel()
+
+
 @pytest.fixture(autouse=True)
 def one_thread_for_tiny_models(request):
     """Tiny models are dominated by thread start-up cost on a shared 2-core machine: use one thread."""
