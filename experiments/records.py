@@ -3,14 +3,26 @@ library's: specdec.runtime.machine)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
 from pathlib import Path
 
-import pandas as pd
-
 from specdec.runtime import machine as library_machine
+
+
+class Lazily:
+    """A module imported on its first use, not in sys.modules till then (where inspect.getmodule would load it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attribute: str):
+        return getattr(importlib.import_module(self.name), attribute)
+
+
+pd = Lazily("pandas")  # pandas and pyarrow (60 MB) load after the timed runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,9 +64,7 @@ def write_result(folder: Path, name: str, result: dict, table: str) -> None:
 
 def git(*args: str) -> str:
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=10)
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

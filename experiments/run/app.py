@@ -20,7 +20,6 @@ import signal
 import threading
 from pathlib import Path
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -32,21 +31,13 @@ from specdec.quality import output_quality
 from specdec.runtime.machine import peak_memory
 from specdec.runtime.models import encode_prompt
 
-from ..records import append_rows, machine, read_rows, write_json
+from ..records import append_rows, machine, pd, read_rows, write_json
+from . import summary
 from .logger import make_logger
 from .methods import Setup, setup_of
 from .pair import Pairs
 from .prompts import Prompt, load_prompts
 from .settings import Plan, plan_of
-from .summary import (
-    method_table,
-    naive_sentence,
-    rounding_sentence,
-    run_metrics,
-    write_choices,
-    write_runtime,
-    write_summary,
-)
 
 log = logging.getLogger(__name__)
 LIST_FIELDS = (  # per-round detail kept for the summary's histograms and the figures
@@ -140,12 +131,10 @@ def samples(rows: pd.DataFrame, prompts: list[Prompt]) -> pd.DataFrame:
 def summarize(run_dir: Path, plan: Plan, keys: dict, prompts: list[Prompt], logger) -> pd.DataFrame:
     """Table, metrics, histograms, figures and logs from the rows in results.jsonl."""
     rows = read_rows(run_dir / "results.jsonl")
-    table, k, longest = method_table(rows), plan.chain_k, plan.longest
-    metrics, histograms = run_metrics(table, rows, k, longest)
-    text = write_summary(
-        run_dir, keys, table, metrics, histograms,
-        naive_sentence(table, plan.greedy) + rounding_sentence(rows, plan.greedy), rows["prompt_id"].nunique(),
-    )  # fmt: skip
+    table, k, longest = summary.method_table(rows), plan.chain_k, plan.longest
+    metrics, histograms = summary.run_metrics(table, rows, k, longest)
+    sentences = summary.naive_sentence(table, plan.greedy) + summary.rounding_sentence(rows, plan.greedy)
+    text = summary.write_summary(run_dir, keys, table, metrics, histograms, sentences, rows["prompt_id"].nunique())
     from .figures import run_figures  # matplotlib and seaborn (50 MB) load here, after the timed runs
     figures = run_figures(rows, metrics, histograms, k, longest, run_dir / "figures")
     scalar_rows = rows.drop(columns=list(LIST_FIELDS))
@@ -184,7 +173,7 @@ def run_experiment(
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**machine(plan.device), "launch": launch or {"launcher": "none (called in-process)"}}
     write_json(run_dir / "environment.json", env)
-    write_choices(run_dir, pair.threads, pair.calibration)  # threads.md, calibration.md: read by write_summary
+    summary.write_choices(run_dir, pair.threads, pair.calibration)  # threads.md, calibration.md: in the summary
     keys = run_keys(cfg, setup)
     config = {**OmegaConf.to_container(cfg, resolve=True), "overrides": overrides or [], "environment": env}
     schedule = f"tree{keys['tree']}-k{plan.tree_k}" if plan.trees else f"k{plan.k}"
@@ -206,7 +195,7 @@ def run_experiment(
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
-    write_runtime(run_dir, compiled_runtimes(pair.target, setup.drafter))  # runtime=compiled: graphs compiled so far
+    summary.write_runtime(run_dir, compiled_runtimes(pair.target, setup.drafter))  # graphs compiled so far
     try:
         table = summarize(run_dir, plan, keys, prompts, logger) if done else None
     finally:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import DictConfig
+
+from ..records import pd
 
 PROMPT_METRICS = (  # logged per prompt as <method>/<metric>
     "tokens_per_second", "seconds_total", "emitted", "acceptance_rate", "mean_accepted_length", "alpha", "nll",

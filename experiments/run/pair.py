@@ -155,9 +155,11 @@ def calibrated(cfg: DictConfig, plan: Plan, target: PreTrainedModel, tokenizer: 
     """model.draft's candidates, each built when the library comes to it (prepare_drafts: one at a time)."""
     candidates = loaded_candidates(candidates_of(cfg))
     drafters = {name: partial(instantiate, node, **with_target(node, lambda: target)) for name, node in candidates.items()}
+    copies = {name: OmegaConf.to_container(node.model, resolve=True) for name, node in candidates.items()  # predicted
+              if OmegaConf.is_dict(node.get("model")) and node.model.get("name") == cfg.model.target.name}  # costs
     return prepare_drafts(target, drafters, calibration_ids(tokenizer, plan.chat), k=None if plan.k == AUTO else plan.k,
                           k_max=plan.k_max, sampling=plan.sampling, eos_token_id=eos_token_ids(target, tokenizer),
-                          seed=plan.seed, **placement(cfg))  # fmt: skip
+                          seed=plan.seed, copies=copies, **placement(cfg))  # fmt: skip
 
 
 def load_target(cfg: DictConfig, plan: Plan) -> Target:

@@ -13,8 +13,6 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
-
 from specdec.auto.calibration import Calibration
 from specdec.auto.runtime import runtimes_json, runtimes_markdown
 from specdec.markdown import cell, markdown_table
@@ -23,7 +21,7 @@ from specdec.runtime.compiled import CompiledForward
 from specdec.runtime.machine import machine_sentence
 from specdec.runtime.probes import ThreadChoice
 
-from ..records import strict_json, write_result
+from ..records import pd, strict_json, write_result
 from .settings import BASELINE
 
 TABLE_COLUMNS = {  # column -> how the markdown table prints it

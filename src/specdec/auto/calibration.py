@@ -52,6 +52,7 @@ from ..runtime.probes import pass_tokens, timed_step
 from ..runtime.timing import interleaved_samples
 from ..sampling import GREEDY, Sampling
 from ..theory import expected_tokens_per_pass, optimal_k, walltime_improvement
+from .linears import MARGIN
 
 PASS_WIDTHS = (1, 3, 5, 9)  # target pass widths timed; others interpolated
 UNSTEADY = 0.5  # Timings.spread above which the calibration says its timings are unsteady
@@ -173,6 +174,7 @@ class CandidateResult:
     speedup: float  # predicted at k
     best_k: int  # 1..k_max maximising the predicted speedup
     best_speedup: float
+    linears: float | None = None  # R, where c was predicted from the linears and the copy never built (auto.linears)
 
     @property
     def slower_than_target(self) -> bool:
@@ -202,7 +204,7 @@ class Calibration:
     def markdown(self) -> str:
         """Which draft the calibration chose and why: each candidate's measured c, alpha, predicted speedup."""
         rows = [
-            [r.name, cell(r.draft_ms, "{:.1f}"), cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
+            [r.name + (" (not built)" if r.linears is not None else ""), cell(r.draft_ms, "{:.1f}"), cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
              cell(r.pass_cost, "{:.2f}"), cell(r.speedup, "{:.2f}"), str(r.best_k),
              cell(r.best_speedup, "{:.2f}")]
             for r in self.results
@@ -250,9 +252,13 @@ def choose(results: Sequence[CandidateResult]) -> tuple[str, str]:
             ". No candidate is predicted to beat the target alone on this machine at this k"
             f" (best k {best.best_k}: {best.best_speedup:.2f}x); k=auto falls back to plain target steps"
         )
-    skipped = [r.name for r in ranked if math.isnan(r.alpha)]
+    skipped = [r.name for r in ranked if math.isnan(r.alpha) and r.linears is None]
     if skipped:
         reason += f". Not probed for alpha (could not win even at alpha = 1): {', '.join(skipped)}"
+    unbuilt = [f"{r.name} (its linears {r.linears:.2f}x the target's)" for r in ranked if r.linears is not None]
+    if unbuilt:
+        reason += (f". Not built (c predicted from its linears, {MARGIN} times it could not win either): "
+                   f"{', '.join(unbuilt)}")
     slow = [r.name for r in ranked if r.slower_than_target]
     if slow:
         reason += (
@@ -322,15 +328,28 @@ def conclude(results: Sequence[CandidateResult], timings: Timings) -> Calibratio
 def kept_names(results: Sequence[CandidateResult], keep: int, has_model: Callable[[str], bool]) -> list[str]:
     """The `keep` best results' names (best first) but those that cannot gain after the best (slower than the target,
     c > 1, or predicted at most 1x at their best k; or a draft model not probed, which even at alpha = 1 could not
-    beat the best: each loaded copy costs its bytes for the whole run), and the best one with a draft model if none
+    beat the best: each loaded copy costs its bytes for the whole run; or a copy never built), and the best one with a draft model if none
     of those has one (the naive method generates with it)."""
     ranked = [r.name for r in sorted(results, key=lambda r: -r.speedup)]
     slow = {r.name for r in results if r.slower_than_target or r.best_speedup <= 1.0
-            or (math.isnan(r.alpha) and has_model(r.name))}  # fmt: skip
+            or (math.isnan(r.alpha) and has_model(r.name)) or r.linears is not None}  # fmt: skip
     kept = [name for i, name in enumerate(ranked) if i == 0 or name not in slow][:keep]
     if not any(has_model(n) for n in kept):
         kept += [n for n in ranked if n not in kept and has_model(n)][:1]
     return kept
+
+
+def predicted(name: str, prediction: tuple[float, float], results: Sequence[CandidateResult], pass_ms: dict[int, float],
+              draft_ms: dict[str, float], spread: float, k: int | None, k_max: int) -> CandidateResult | None:
+    """A copy's result from its predicted c (lowered) and R, not built, where even at alpha = 1 it is below the best
+    result so far (its c entered in draft_ms); else None (draft_ms as it was): it is built and measured."""
+    c, ratio = prediction
+    draft_ms[name] = c * pass_ms[1]
+    bound = evaluate(name, "per_token", Timings(pass_ms, dict(draft_ms), spread), 1.0, k, k_max)
+    if bound.speedup < max(r.speedup for r in results):
+        return replace(bound, alpha=math.nan, linears=ratio)
+    del draft_ms[name]
+    return None
 
 
 def calibrate_in_turn(
@@ -343,6 +362,7 @@ def calibrate_in_turn(
     k: int | None = None,
     k_max: int = 8,
     repeats: int = 3,
+    predictions: Mapping[str, Callable[[torch.Tensor], tuple[float, float]]] | None = None,
     **probe: object,
 ) -> tuple[Calibration, dict[str, Drafter]]:
     """calibrate, loading one candidate at a time, so that memory holds the target, the `keep` best candidates so
@@ -353,8 +373,10 @@ def calibrate_in_turn(
     in its own interleaved window next to target steps, its c the ratio of the two (the first window also times the
     target's passes); then it is assessed as calibrate assesses it (probed for alpha unless even alpha = 1 could
     not win). Candidates outside the best `keep` (kept_names: after the best, none that cannot gain) are dropped
-    as soon as they fall out (release() then hands their memory back). Returns the calibration and the kept drafters
-    by name, best first."""
+    as soon as they fall out (release() then hands their memory back). predictions: name -> a function of the
+    prefix giving a copy's c, lowered by a margin, and R (specdec.auto.linears.cost_bound): after the first candidate,
+    a copy whose speedup at that c and alpha = 1 is below the best so far is not built at all. Returns the
+    calibration and the kept drafters by name, best first."""
     if not builders:
         raise ValueError("calibrate needs at least one candidate drafter")
     pass_ms: dict[int, float] = {}
@@ -363,6 +385,11 @@ def calibrate_in_turn(
     results: list[CandidateResult] = []
     kept: dict[str, Drafter] = {}
     for name, build in builders.items():
+        if results and name in (predictions or {}):
+            unbuilt = predicted(name, predictions[name](ids), results, pass_ms, draft_ms, spread, k, k_max)
+            if unbuilt is not None:
+                results.append(unbuilt)
+                continue
         drafter = build()
         window = measure_timings(target, {name: drafter}, ids, k_max=k_max, repeats=repeats,
                                  widths=(1,) if pass_ms else PASS_WIDTHS)  # fmt: skip

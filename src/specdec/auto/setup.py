@@ -38,6 +38,7 @@ from ..verify.token import TokenLevel
 from ..verify.traversal import TraversalVerification
 from ..verify.tree import TreeRules
 from .calibration import Calibration, calibrate_in_turn
+from .linears import cost_bound
 from .report import Report
 from .runtime import EAGER_RUNTIME, RuntimeOptions, put_drafter_on_runtime, put_on_runtime
 from .threads import use_threads
@@ -78,13 +79,15 @@ def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Dra
                    prompt_ids: torch.Tensor, *, k: int | None = None, k_max: int = 8, sampling: Sampling = GREEDY,
                    eos_token_id: int | list[int] | None = None, seed: int = 0,
                    runtime: RuntimeOptions = EAGER_RUNTIME, device: str = "cpu", max_new_tokens: int = 128,
-                   report: Report | None = None) -> Drafts:
+                   report: Report | None = None, copies: Mapping[str, Mapping[str, object]] | None = None) -> Drafts:
     """One drafter on its runtime as it is; or candidates by name (drafters, or functions that build one), each
     built and put on its runtime in turn, calibrated on prompt_ids (specdec.auto.calibration.calibrate_in_turn: one
     candidate loaded at a time besides the best so far) and the best KEEP_CANDIDATES kept behind a DraftSwitch (the
     chosen one its default: a fixed k drafts with it, k=auto chooses among them every round,
     specdec.choose.online); the others are dropped, and their memory handed back. k: the run's draft length (None:
-    k=auto)."""
+    k=auto). copies: name -> load_model's keywords (quantization, dtype, ...) of the candidates that are copies of the
+    target: after the first candidate, a copy is built only where its c predicted from its linears could win
+    (specdec.auto.linears)."""
     options = {"device": device, "max_new_tokens": max_new_tokens, "report": report}
     if not isinstance(drafters, Mapping):
         put_drafter_on_runtime(drafters, runtime, **options)
@@ -104,12 +107,25 @@ def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Dra
     with collecting_new_objects_only():  # each dropped candidate's collection looks at the candidates only
         result, kept = calibrate_in_turn(target, builders, prompt_ids, keep=KEEP_CANDIDATES,
                                          release=partial(release_memory, device), k=k, k_max=k_max, sampling=sampling,
-                                         eos_token_id=eos_token_id, seed=seed)  # fmt: skip
+                                         eos_token_id=eos_token_id, seed=seed,
+                                         predictions=copy_predictions(target, copies or {}, runtime))  # fmt: skip
     (report or Report()).say("calibration: %s", result.reason)
     # kept: best first, the chosen one first of all; the naive method's draft model: the first kept that has one
     model = next((d.model for d in kept.values() if getattr(d, "model", None) is not None), None)
     switch = DraftSwitch(kept, default=result.chosen)
     return Drafts(switch if len(kept) > 1 else kept[result.chosen], model, result)
+
+
+def copy_predictions(target: PreTrainedModel, copies: Mapping[str, Mapping[str, object]], runtime: RuntimeOptions
+                     ) -> dict[str, Callable[[torch.Tensor], tuple[float, float]]]:  # fmt: skip
+    """The copies' predictions of c (specdec.auto.linears.cost_bound), each on the runtime it will run on: compiled
+    where the target is and the copy compiles (runtime.drafts, or the packed int8 kernel's), else eager."""
+    predictions = {}
+    for name, form in copies.items():
+        compiled = runs_compiled(target) and (runtime.drafts or form.get("quantization") == "packed_int8")
+        if (bound := cost_bound(target, eager_copy=not compiled, **form)) is not None:
+            predictions[name] = bound
+    return predictions
 
 
 TREE_RULE = {TokenLevel: TreeRules, BlockVerification: TraversalVerification}  # a chain's rule -> its tree form

@@ -62,8 +62,9 @@ class CachedLM:
     dead slot.
     """
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, eager: bool = False):
         self.model = model
+        self.eager = eager  # passes on the eager runtime even where the model has a compiled one (a timing's baseline)
         self.vocab_size = vocab_size or logits_width(model)
         self.device = model.device
         self.windows = attention_windows(model)
@@ -71,7 +72,7 @@ class CachedLM:
         self.reset()
 
     def reset(self) -> None:
-        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) else None  # None: eager
+        self.compiled = compiled_forward(self.model) if runs_compiled(self.model) and not self.eager else None
         self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
         self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)

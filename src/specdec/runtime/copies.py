@@ -87,7 +87,8 @@ def linear_copy(linear: torch.nn.Linear | PackedLinear, quantization: str, compu
         return PackedInt8Linear(linear)
     linear = dense_linear(linear)
     if quantization == "dynamic_int8":
-        return dynamic_int8(torch.nn.Sequential(linear))[0]  # a copy of the one layer: the source stays as it is
+        # a copy of the one layer, without a float32 copy of it first: in place in a wrapper, the source as it is
+        return dynamic_int8(torch.nn.Sequential(linear), inplace=True)[0]
     if quantization != "none":
         return bnb_linear(linear, quantization, compute_dtype)
     layer = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")

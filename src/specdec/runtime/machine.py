@@ -232,6 +232,24 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+MADV_PAGEOUT = 21  # Linux 5.4+
+
+
+def page_out(tensor: torch.Tensor) -> None:
+    """Ask the kernel to reclaim the pages that lie wholly inside a CPU tensor's bytes (madvise MADV_PAGEOUT): where
+    it is a view of a mapped weights file, its resident file pages go (read again if the tensor is used); anonymous
+    memory without swap stays. Its contents never change. A weight packed or copied into other memory holds its file
+    pages until the whole file is unmapped otherwise: SmolLM2-135M's packing stood 0.3 GB above its end state."""
+    libc = glibc()
+    if libc is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = -(-tensor.data_ptr() // page) * page
+    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
+    if end > start:
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT)
+
+
 @contextlib.contextmanager
 def collecting_new_objects_only():
     """Within the block, the garbage collector passes over every object that existed when it began (gc.freeze): a

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .machine import off_the_file
+from .machine import off_the_file, page_out
 from .timing import interleaved_medians
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,8 @@ def pack_linears(model: torch.nn.Module, rows: tuple[int, int], keep_weights: bo
     for parent, name, child in swaps:
         keep = keep_weights or child.weight.dtype != torch.float32
         setattr(parent, name, PackedLinear(child, rows, keep_weight=keep))
+        if not keep:
+            page_out(child.weight)  # its pages of the weights file, now that the panels hold it
     packed_output = model.get_output_embeddings() if output is not None else None
     if tied and isinstance(packed_output, PackedLinear) and packed_output.weight is None:
         model.set_input_embeddings(PanelEmbedding(embedding, packed_output))
