@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 
 from ..runtime.cached import CachedLM
 from ..runtime.copies import COPIES, kept_in_float, linear_copy
+from ..runtime.machine import trim_heap
 from ..runtime.models import DTYPES
 from ..runtime.packed import PackedLinear, weight_blocks
 from ..runtime.probes import timed_step
@@ -107,7 +108,8 @@ def linear_ratio(target: PreTrainedModel, quantization: str = "none", dtype: str
         ms = {key: statistics.median(values) for key, values in samples.items()}
         totals["target"] += ms["target"]
         totals["copy"] += ms.get("copy", ms["target"])
-        jobs.clear()  # the group's copies go before the next group's are made
+        jobs.clear()  # the group's copies go before the next group's are made, their pages back to the system
+        trim_heap()
     return totals["copy"] / totals["target"]
 
 
@@ -133,6 +135,7 @@ def predicted_c(target: PreTrainedModel, prefix: torch.Tensor, quantization: str
                 compute_dtype: str | None = None, fused_4bit: bool = True, eager_copy: bool = True,
                 repeats: int = 3) -> tuple[float, float]:  # fmt: skip
     """(c, R): the copy's c = (O + R M) / T (step_parts), before it is built, and R (linear_ratio)."""
+    trim_heap()  # what the calibration freed so far, out of the memory the copies' layers are made in
     step, other, linears = step_parts(target, prefix, eager_copy, repeats)
     ratio = linear_ratio(target, quantization, dtype, compute_dtype, fused_4bit, repeats)
     return (other + ratio * linears) / step, ratio
