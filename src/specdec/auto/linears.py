@@ -58,7 +58,7 @@ def row_blocks(linear: torch.nn.Module) -> Iterator[torch.nn.Linear]:
     first = 0
     for weight in weight_blocks(linear):
         block = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
-        block.weight = torch.nn.Parameter(weight, requires_grad=False)
+        block.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)  # as a layer copy_of reads
         if linear.bias is not None:
             block.bias = torch.nn.Parameter(linear.bias.detach()[first : first + weight.shape[0]], requires_grad=False)
         first += weight.shape[0]
@@ -69,8 +69,8 @@ def group_copies(members: list[tuple[str, torch.nn.Module]], quantization: str, 
                  compute_dtype: torch.dtype, fused_4bit: bool) -> list[torch.nn.Module]:  # fmt: skip
     """Each member's copy as copy_of makes it, by blocks of outputs (row_blocks: a sweep over them does the layer's
     work), a bitsandbytes 4-bit one on the unfused path where asked."""
-    copies = [linear_copy(block, quantization, compute_dtype, lambda t: t.detach().to(dtype))
-              for _, module in members for block in row_blocks(module)]  # fmt: skip
+    copies = [linear_copy(block, quantization, compute_dtype, lambda t: t.detach().to(dtype)).eval()
+              for _, module in members for block in row_blocks(module)]  # fmt: skip  # eval: as a copy runs
     if not fused_4bit:
         for layer in copies:
             if hasattr(layer, "support_avx512bf16_for_cpu"):
