@@ -26,7 +26,8 @@ from specdec.runtime.packed import PackedLinear, unavailable_reason
 from specdec.runtime.tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]])
-FORMS = [("dynamic_int8", "float32"), ("none", "bfloat16"), ("int8", "float32"), ("nf4", "float32")]
+FORMS = [("dynamic_int8", "float32", True), ("none", "bfloat16", True), ("int8", "float32", True),
+         ("nf4", "float32", False)]  # bitsandbytes' fused 4-bit kernel needs larger layers than a tiny model's
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +66,19 @@ def test_row_blocks_are_the_weight_and_their_copies_the_layer_copy(packed):
             parts, whole(x), atol=0.05 * whole(x).abs().max().item())
 
 
-@pytest.mark.parametrize("quantization, dtype", FORMS)
-def test_the_ratio_and_the_parts_of_a_step_are_measured(target, quantization, dtype):
-    ratio = linear_ratio(target, quantization, dtype, repeats=1)
+@pytest.mark.parametrize("quantization, dtype, fused_4bit", FORMS)
+def test_the_ratio_and_the_parts_of_a_step_are_measured(target, quantization, dtype, fused_4bit):
+    ratio = linear_ratio(target, quantization, dtype, fused_4bit=fused_4bit, repeats=1)
     step, other, linears = step_parts(target, PROMPT, eager_copy=True, repeats=1)
     assert math.isfinite(ratio) and ratio > 0 and step > 0 and linears > 0 and other >= 0
-    c, r = cost_bound(target, quantization=quantization, dtype=dtype)(PROMPT)
+    c, r = cost_bound(target, quantization=quantization, dtype=dtype, fused_4bit=fused_4bit)(PROMPT)
     assert 0 < c and math.isfinite(r)
 
 
 def test_a_form_that_is_not_a_copy_is_not_predicted(target):
     assert cost_bound(target, quantization="none", dtype="float32") is None  # the target itself
+    fused = cost_bound(target, quantization="nf4")  # the fused 4-bit kernel does not take a tiny model's layers
+    assert fused is not None and fused(PROMPT) is None  # no prediction: the copy is built and measured
     assert cost_bound(tiny_model("llama", dtype=torch.bfloat16), quantization="nf4") is None  # copies load from file
 
 

@@ -204,7 +204,8 @@ class Calibration:
     def markdown(self) -> str:
         """Which draft the calibration chose and why: each candidate's measured c, alpha, predicted speedup."""
         rows = [
-            [r.name + (" (not built)" if r.linears is not None else ""), cell(r.draft_ms, "{:.1f}"), cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
+            [r.name + (" (not built)" if r.linears is not None else ""), cell(r.draft_ms, "{:.1f}"),
+             cell(r.c, "{:.2f}"), cell(r.alpha, "{:.3f}"), str(r.k),
              cell(r.pass_cost, "{:.2f}"), cell(r.speedup, "{:.2f}"), str(r.best_k),
              cell(r.best_speedup, "{:.2f}")]
             for r in self.results
@@ -328,8 +329,8 @@ def conclude(results: Sequence[CandidateResult], timings: Timings) -> Calibratio
 def kept_names(results: Sequence[CandidateResult], keep: int, has_model: Callable[[str], bool]) -> list[str]:
     """The `keep` best results' names (best first) but those that cannot gain after the best (slower than the target,
     c > 1, or predicted at most 1x at their best k; or a draft model not probed, which even at alpha = 1 could not
-    beat the best: each loaded copy costs its bytes for the whole run; or a copy never built), and the best one with a draft model if none
-    of those has one (the naive method generates with it)."""
+    beat the best: each loaded copy costs its bytes for the whole run; or a copy never built), and the best one with
+    a draft model if none of those has one (the naive method generates with it)."""
     ranked = [r.name for r in sorted(results, key=lambda r: -r.speedup)]
     slow = {r.name for r in results if r.slower_than_target or r.best_speedup <= 1.0
             or (math.isnan(r.alpha) and has_model(r.name)) or r.linears is not None}  # fmt: skip
@@ -362,7 +363,7 @@ def calibrate_in_turn(
     k: int | None = None,
     k_max: int = 8,
     repeats: int = 3,
-    predictions: Mapping[str, Callable[[torch.Tensor], tuple[float, float]]] | None = None,
+    predictions: Mapping[str, Callable[[torch.Tensor], tuple[float, float] | None]] | None = None,
     **probe: object,
 ) -> tuple[Calibration, dict[str, Drafter]]:
     """calibrate, loading one candidate at a time, so that memory holds the target, the `keep` best candidates so
@@ -374,8 +375,8 @@ def calibrate_in_turn(
     target's passes); then it is assessed as calibrate assesses it (probed for alpha unless even alpha = 1 could
     not win). Candidates outside the best `keep` (kept_names: after the best, none that cannot gain) are dropped
     as soon as they fall out (release() then hands their memory back). predictions: name -> a function of the
-    prefix giving a copy's c, lowered by a margin, and R (specdec.auto.linears.cost_bound): after the first candidate,
-    a copy whose speedup at that c and alpha = 1 is below the best so far is not built at all. Returns the
+    prefix giving a copy's c, lowered by a margin, and R, or None (specdec.auto.linears.cost_bound): after the first
+    candidate, a copy whose speedup at that c and alpha = 1 is below the best so far is not built at all. Returns the
     calibration and the kept drafters by name, best first."""
     if not builders:
         raise ValueError("calibrate needs at least one candidate drafter")
@@ -385,8 +386,8 @@ def calibrate_in_turn(
     results: list[CandidateResult] = []
     kept: dict[str, Drafter] = {}
     for name, build in builders.items():
-        if results and name in (predictions or {}):
-            unbuilt = predicted(name, predictions[name](ids), results, pass_ms, draft_ms, spread, k, k_max)
+        if results and name in (predictions or {}) and (prediction := predictions[name](ids)) is not None:
+            unbuilt = predicted(name, prediction, results, pass_ms, draft_ms, spread, k, k_max)
             if unbuilt is not None:
                 results.append(unbuilt)
                 continue

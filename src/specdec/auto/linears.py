@@ -25,6 +25,7 @@ they are (a bitsandbytes copy's output layer) count the target's time on both si
 
 from __future__ import annotations
 
+import logging
 import re
 import statistics
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from ..runtime.packed import PackedLinear, weight_blocks
 from ..runtime.probes import timed_step
 from ..runtime.timing import interleaved_samples
 
+log = logging.getLogger(__name__)
 MARGIN = 0.8  # the c a copy is ruled out at: this times the predicted one (timing noise, a model of the step)
 
 
@@ -149,18 +151,22 @@ def bounds_copies(target: PreTrainedModel, quantization: str = "none", dtype: st
 
 
 def cost_bound(target: PreTrainedModel, eager_copy: bool = True, **form: object
-               ) -> Callable[[torch.Tensor], tuple[float, float]] | None:  # fmt: skip
+               ) -> Callable[[torch.Tensor], tuple[float, float] | None] | None:  # fmt: skip
     """A function of a prefix giving (MARGIN times the predicted c, R) of the copy that load_model's keywords `form`
-    (quantization, dtype, compute_dtype, fused_4bit) make of `target`, on an eager runtime or not; None where
-    linear_ratio cannot measure it (bounds_copies)."""
+    (quantization, dtype, compute_dtype, fused_4bit) make of `target`, on an eager runtime or not, or None where the
+    prediction fails (a kernel that does not take a layer); None where linear_ratio cannot measure it."""
     quantization = str(form.get("quantization") or "none")
     dtype = "float32" if quantization in ("dynamic_int8", "packed_int8") else str(form.get("dtype") or "float32")
     if not bounds_copies(target, quantization, dtype):
         return None
 
-    def bound(prefix: torch.Tensor) -> tuple[float, float]:
-        c, ratio = predicted_c(target, prefix, quantization, dtype, form.get("compute_dtype"),
-                               bool(form.get("fused_4bit", True)), eager_copy)  # fmt: skip
+    def bound(prefix: torch.Tensor) -> tuple[float, float] | None:
+        try:
+            c, ratio = predicted_c(target, prefix, quantization, dtype, form.get("compute_dtype"),
+                                   bool(form.get("fused_4bit", True)), eager_copy)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 (a kernel that does not take a layer: the copy is built instead)
+            log.info("%s copy: no prediction of its c (%s); built and measured", quantization, error)
+            return None
         return MARGIN * c, ratio
 
     return bound

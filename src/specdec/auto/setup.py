@@ -117,7 +117,7 @@ def prepare_drafts(target: PreTrainedModel, drafters: Drafter | Mapping[str, Dra
 
 
 def copy_predictions(target: PreTrainedModel, copies: Mapping[str, Mapping[str, object]], runtime: RuntimeOptions
-                     ) -> dict[str, Callable[[torch.Tensor], tuple[float, float]]]:  # fmt: skip
+                     ) -> dict[str, Callable[[torch.Tensor], tuple[float, float] | None]]:  # fmt: skip
     """The copies' predictions of c (specdec.auto.linears.cost_bound), each on the runtime it will run on: compiled
     where the target is and the copy compiles (runtime.drafts, or the packed int8 kernel's), else eager."""
     predictions = {}
