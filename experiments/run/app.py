@@ -28,7 +28,7 @@ from specdec import Stats
 from specdec.auto.runtime import compiled_runtimes
 from specdec.metrics import round_statistics
 from specdec.quality import output_quality
-from specdec.runtime.machine import peak_memory
+from specdec.runtime.machine import peak_memory, release_memory
 from specdec.runtime.models import encode_prompt
 
 from ..records import append_rows, machine, pd, read_rows, write_json
@@ -165,11 +165,9 @@ def run_experiment(
     setup = setup_of(cfg, pairs or Pairs(), plan)
     plan, pair, methods = setup.plan, setup.pair, setup.plan.methods
     if pair.target_quantization != "none":
-        log.warning(
-            "the target is %s-quantized: its logits depend on the other tokens in a forward pass, so "
-            "speculative decoding reproduces its step-by-step output only approximately (see agreement)",
-            pair.target_quantization,
-        )
+        log.warning("the target is %s-quantized: its logits depend on the other tokens in a forward pass, so "
+                    "speculative decoding reproduces its step-by-step output only approximately (see agreement)",
+                    pair.target_quantization)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**machine(plan.device), "launch": launch or {"launcher": "none (called in-process)"}}
     write_json(run_dir / "environment.json", env)
@@ -196,6 +194,7 @@ def run_experiment(
         interrupted = True
         log.warning("interrupted after %d of %d prompts; summarizing those", done, len(prompts))
     summary.write_runtime(run_dir, compiled_runtimes(pair.target, setup.drafter))  # graphs compiled so far
+    release_memory(plan.device)  # what the runs freed, before pandas, the plots and the logger's tables load
     try:
         table = summarize(run_dir, plan, keys, prompts, logger) if done else None
     finally:
