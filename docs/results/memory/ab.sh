@@ -1,8 +1,13 @@
 #!/bin/bash
-# make run's command at two commits, alternating, the process's RSS sampled every 0.2 s: the peak of the main experiment
+# make run's command at two commits, alternating, with the process's RSS sampled every 0.2 s: the peak of the main
+# experiment (before its run folder is printed) and of the article's pair (after), wall clock, the main table's
+# target-only and speculative tokens/s and its peak_rss_mb column. Each side runs from its own checkout (its src/ on
+# PYTHONPATH) with one Python.
+#   git worktree add /tmp/before <commit>; bash docs/results/memory/ab.sh /tmp/before . 2 > out.txt
+# usage: ab.sh BEFORE_DIR AFTER_DIR ROUNDS
 set -u
 before=$(realpath "$1"); after=$(realpath "$2"); rounds=$3
-python=${PYTHON:-/work/main/.venv/bin/python}
+python=${PYTHON:-$PWD/.venv/bin/python}  # not resolved: the venv's link, not the interpreter it points to
 work=$(mktemp -d)
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
      "before $(git -C "$before" rev-parse --short HEAD), after $(git -C "$after" rev-parse --short HEAD)"
@@ -25,6 +30,5 @@ for r in $(seq 1 "$rounds"); do for side in before after; do
   peak() { grep -m1 "^[0-9.]* | $1 " "$out.log" | awk -F'|' '{gsub(/ /, "", $(NF-1)); print $(NF-1)}'; }
   echo "round $r $side: wall $wall, peak RSS main experiment $main MB, article pair $pair MB," \
        "tok/s target-only $(rate autoregressive) speculative $(rate speculative), table peak_rss_mb $(peak autoregressive)/$(peak speculative)/$(peak naive), load average at start $load"
-  cp "$out.log" /tmp/ab-$side-$r.log
 done; done
 rm -rf "$work"
