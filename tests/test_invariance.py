@@ -84,7 +84,8 @@ def test_greedy_speculative_output_is_target_onlys_on_the_invariant_runtime(arch
 
 def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_with_sdpa():
     """The check has power: with SDPA in the compiled passes (the runtime's attention where there is no AVX-512),
-    some pass width rounds the position differently."""
+    some pass width rounds the position differently on the Xeon (AMX); where SDPA is invariant too, only the kernel's
+    invariance is checked and the test says so by skipping."""
     from specdec.runtime.models import load_model
 
     tokens = torch.randint(0, 49152, (1, WIDEST), generator=torch.Generator().manual_seed(1))
@@ -99,4 +100,6 @@ def test_smollm2_in_bfloat16_is_batch_invariant_with_the_window_kernel_and_not_w
         same[invariant] = [torch.equal(logits[0], other) for other in logits]
         eager_model(model)
     assert all(same[True])
-    assert not all(same[False])  # SDPA's products: some pass widths round the position differently
+    if all(same[False]):  # SDPA's bf16 products are width-dependent on some CPUs only (the Xeon's, with AMX)
+        pytest.skip("SDPA's bfloat16 passes were batch-invariant on this CPU too (as on a 2-core EPYC without AMX): the "
+                    "check's power is shown where they are not")
