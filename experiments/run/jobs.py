@@ -25,9 +25,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hydra
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from specdec.runtime.machine import cores
+from specdec.runtime.offline import prepare_in_background
 
 from ..sweeps import expected_jobs, finished, mark_done, record_failure, start_afresh
 from .pair import Pairs
@@ -43,14 +47,6 @@ def launcher_kind(settings: DictConfig) -> str:
     """basic, joblib, submitit_local or submitit_slurm: what runs the jobs, from the launcher config's _target_."""
     name = str(settings.get("_target_") or "BasicLauncher").rsplit(".", 1)[-1]
     return KINDS.get(name, name)
-
-
-def cores() -> int:
-    """The cores this process may use (its CPU affinity: a Slurm allocation, a container's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def jobs_at_once(launcher: str, settings: DictConfig, jobs: int) -> int:
@@ -74,18 +70,12 @@ def threads_per_job(threads: int | str | None, launcher: str, settings: DictConf
     return share if threads in (AUTO, None) or int(threads) > share else threads
 
 
-def sweep_size(sweep_dir: Path) -> int:
-    """The number of jobs of the sweep in sweep_dir (its multirun.yaml); 1 when it cannot be read."""
-    expected = expected_jobs(sweep_dir)
-    return len(expected) if expected else 1
-
-
 def prepare(cfg: DictConfig) -> dict:
     """Set the job's threads and W&B grouping from its launcher; what environment.json records about it."""
     hc = HydraConfig.get()
     launcher = launcher_kind(hc.launcher)
     sweep = hc.mode == RunMode.MULTIRUN
-    jobs = sweep_size(Path(hc.sweep.dir)) if sweep else 1
+    jobs = len(expected_jobs(Path(hc.sweep.dir)) or [None]) if sweep else 1  # 1 where multirun.yaml is unreadable
     cfg.threads = threads_per_job(cfg.threads, launcher, hc.launcher, jobs)
     if sweep and cfg.logger.kind == "wandb":
         cfg.logger.group = cfg.logger.group or Path(hc.sweep.dir).name
@@ -106,11 +96,23 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
     if cfg.skip_finished and hc.mode == RunMode.MULTIRUN and finished(run_dir, overrides):
         print(f"skipped (finished earlier, skip_finished=true): {run_dir}", flush=True)
         return
+    single = hc.mode == RunMode.RUN  # then=[...]'s models fetched and converted while this run computes:
+    later = prepare_in_background(then_models(cfg) if single else [])
     marked(run_dir, overrides, lambda: run_experiment(cfg, run_dir, overrides, pairs, prepare(cfg)))
-    if hc.mode == RunMode.RUN:
+    if single:
         print(folder_line(Path(os.path.relpath(run_dir)), cfg.logger), flush=True)
         for name in cfg.then:
             run_then(name, pairs)
+    later and later.wait()
+
+
+def then_models(cfg: DictConfig) -> list[str]:
+    """The target and draft models that the experiments of cfg.then (conf/experiment/) load and this run does not."""
+    def models(node: DictConfig) -> list[str]:
+        return [name for name in (node.target.name, node.get("draft_name")) if name]
+
+    thens = [compose("config", overrides=[f"experiment={name}"]).model for name in cfg.then]
+    return [name for node in thens for name in models(node) if name not in models(cfg.model)]
 
 
 def marked(run_dir: Path, overrides: list[str], run: Callable[[], object]) -> None:
@@ -130,9 +132,6 @@ def run_then(name: str, pairs: Pairs) -> None:
     `python -m experiments.run experiment=<name> threads=null` composes it (threads as the run before chose them), into
     its own run folder (hydra.run.dir), config in .hydra/, log in run.log. The pair cache frees this run's models when
     the next loads another target."""
-    from hydra import compose
-    from omegaconf import OmegaConf, open_dict
-
     from .app import run_experiment
 
     overrides = [f"experiment={name}", "threads=null"]  # a known name: validate checked `then` before the first run

@@ -3,11 +3,10 @@ round, specdec.choose.threads, sets it inside the loop)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 from transformers import PreTrainedModel
 
+from ..runtime.machine import cores
 from ..runtime.probes import ThreadChoice, choose_threads
 from .report import Report
 
@@ -26,8 +25,8 @@ def use_threads(threads: int | str, target: PreTrainedModel | None = None, ids: 
         return None
     if threads != AUTO or not device.startswith("cpu"):
         return None
-    cores = os.cpu_count() or 1
-    counts = [2**i for i in range(cores.bit_length()) if 2**i <= cores]
+    usable = cores()
+    counts = [2**i for i in range(usable.bit_length()) if 2**i <= usable]
     choice = choose_threads(target, ids, counts, width=5 if k is None else k + 1)
     torch.set_num_threads(choice.threads)
     probes = ", ".join(f"{n}: {ms:.1f}" for n, ms in choice.probe_ms.items())

@@ -37,6 +37,14 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_b
 # ---------------------------------------------------------------------------- the machine
 
 
+def cores() -> int:
+    """The cores this process may use (its CPU affinity: a Slurm allocation, a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_info() -> dict[str, object]:
     """CPU model and the flags that decide kernel paths (bf16 / AMX / AVX-512 / AVX2; ARM bf16, i8mm, sve)."""
     fields: dict[str, str] = {}

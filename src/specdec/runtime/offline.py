@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +191,35 @@ def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         convert_gguf(gguf, out, lambda folder: copy_licence(asset, downloads, folder))
     return out
+
+
+def converted(name: str) -> bool:
+    """Whether the offline model `name` (a key of OFFLINE_ASSETS) is converted in the cache already."""
+    return (cache_dir() / OFFLINE_ASSETS[name].name / "config.json").exists()
+
+
+def prepare_in_background(names: Iterable[str]) -> subprocess.Popen | None:
+    """Fetch and convert, in a process of its own at idle priority, the offline models among `names` that are not
+    converted yet (a later run's models, while this run computes): the process runs only where a core would be idle
+    (SCHED_IDLE, else nice 19), so it takes its time from compiling (which keeps a core busy, not both) rather than
+    from timed work; ensure_offline_model then waits on the same lock for it, or converts a model itself where the
+    process failed. Returns the process, or None where nothing is left to do."""
+    missing = [name for name in dict.fromkeys(names) if name in OFFLINE_ASSETS and not converted(name)]
+    if not missing:
+        return None
+    log.info("fetching and converting %s in the background, at idle priority", ", ".join(missing))
+    code = (f"{IDLE_PRIORITY}\nfrom specdec.runtime.offline import OFFLINE_ASSETS, ensure_offline_model\n"
+            f"for name in {missing!r}: ensure_offline_model(OFFLINE_ASSETS[name])")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# the process runs from now on only on a core nothing else wants (Linux's SCHED_IDLE), else at nice 19; first in
+# a process's code, before its imports (a preexec_fn could deadlock the fork of a process with threads)
+IDLE_PRIORITY = """import os
+try:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+except (AttributeError, OSError):
+    os.nice(19)"""
 
 
 @contextmanager
