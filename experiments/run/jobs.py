@@ -96,7 +96,7 @@ def run_job(cfg: DictConfig, pairs: Pairs) -> None:
     if cfg.skip_finished and hc.mode == RunMode.MULTIRUN and finished(run_dir, overrides):
         print(f"skipped (finished earlier, skip_finished=true): {run_dir}", flush=True)
         return
-    single = hc.mode == RunMode.RUN  # then=[...]'s models fetched and converted while this run computes:
+    single = hc.mode == RunMode.RUN  # then=[...]: its models fetched and converted while this run computes
     later = prepare_in_background(then_models(cfg) if single else [])
     marked(run_dir, overrides, lambda: run_experiment(cfg, run_dir, overrides, pairs, prepare(cfg)))
     if single:

@@ -258,7 +258,7 @@ def choose(results: Sequence[CandidateResult]) -> tuple[str, str]:
         reason += f". Not probed for alpha (could not win even at alpha = 1): {', '.join(skipped)}"
     unbuilt = [f"{r.name} (its linears {r.linears:.2f}x the target's)" for r in ranked if r.linears is not None]
     if unbuilt:
-        reason += (f". Not built (c predicted from its linears, {MARGIN} times it could not win either): "
+        reason += (f". Not built ({MARGIN} times the c predicted from its linears could not win either): "
                    f"{', '.join(unbuilt)}")
     slow = [r.name for r in ranked if r.slower_than_target]
     if slow:

@@ -69,8 +69,9 @@ def row_blocks(linear: torch.nn.Module) -> Iterator[torch.nn.Linear]:
 
 def group_copies(members: list[tuple[str, torch.nn.Module]], quantization: str, dtype: torch.dtype,
                  compute_dtype: torch.dtype, fused_4bit: bool) -> list[torch.nn.Module]:  # fmt: skip
-    """Each member's copy as copy_of makes it, by blocks of outputs (row_blocks: a sweep over them does the layer's
-    work), a bitsandbytes 4-bit one on the unfused path where asked."""
+    """Each member's copy in the copy's kind of layer (linear_copy, as copy_of makes a copy's layers; a dynamic int8
+    block carries its own scale), by blocks of outputs (row_blocks: a sweep over them does the layer's work), a
+    bitsandbytes 4-bit one on the unfused path where asked."""
     copies = [linear_copy(block, quantization, compute_dtype, lambda t: t.detach().to(dtype)).eval()
               for _, module in members for block in row_blocks(module)]  # fmt: skip  # eval: as a copy runs
     if not fused_4bit:
@@ -143,8 +144,9 @@ def predicted_c(target: PreTrainedModel, prefix: torch.Tensor, quantization: str
     return (other + ratio * linears) / step, ratio
 
 
-def bounds_copies(target: PreTrainedModel, quantization: str = "none", dtype: str = "float32") -> bool:
-    """Whether linear_ratio can bound this copy: a float32 target on the CPU, and a form copy_of makes from it."""
+def predictable(target: PreTrainedModel, quantization: str = "none", dtype: str = "float32") -> bool:
+    """Whether linear_ratio can measure this copy's linears: a float32 target on the CPU, and a form copy_of makes
+    from it."""
     cpu = all(p.device.type == "cpu" for p in target.parameters())
     another = quantization != "none" or dtype != "float32"
     return target.dtype == torch.float32 and cpu and quantization in COPIES and another
@@ -157,7 +159,7 @@ def cost_bound(target: PreTrainedModel, eager_copy: bool = True, **form: object
     prediction fails (a kernel that does not take a layer); None where linear_ratio cannot measure it."""
     quantization = str(form.get("quantization") or "none")
     dtype = "float32" if quantization in ("dynamic_int8", "packed_int8") else str(form.get("dtype") or "float32")
-    if not bounds_copies(target, quantization, dtype):
+    if not predictable(target, quantization, dtype):
         return None
 
     def bound(prefix: torch.Tensor) -> tuple[float, float] | None:
