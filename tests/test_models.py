@@ -277,9 +277,10 @@ def test_the_background_process_runs_at_idle_priority():
     import subprocess
     import sys
 
-    code = f"{IDLE_PRIORITY}\nprint(os.sched_getscheduler(0))"
-    policy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert int(policy) == os.SCHED_IDLE
+    code = f"{IDLE_PRIORITY}\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    policy, nice = map(int, out.split())
+    assert policy == os.SCHED_IDLE or nice == 19  # nice 19 where a container refuses SCHED_IDLE
 
 
 @pytest.mark.exhaustive
