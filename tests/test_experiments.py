@@ -54,10 +54,14 @@ def test_run_summary_has_stable_metric_names(run_dir: Path) -> None:
         "acceptance_rate", "mean_accepted_length", "alpha", "speedup", "theoretical_speedup", "c",
         "tokens_per_second/autoregressive", "tokens_per_second/speculative", "tokens_per_second/naive",
         "peak_memory_mb/autoregressive", "peak_memory_mb/speculative", "peak_memory_mb/naive",
+        "decode_tokens_per_second/autoregressive", "decode_tokens_per_second/speculative",
     ):  # fmt: skip
         assert name in metrics, name
     summary = (run_dir / "summary.md").read_text()
-    assert "naive method" in summary and "| speculative |" in summary
+    assert "naive method" in summary and "| speculative |" in summary and "decode_tokens_per_second" in summary
+    table = pd.read_csv(run_dir / "summary.csv", index_col=0)  # after the prefill: faster; naive times none apart
+    decode, methods = table["decode_tokens_per_second"], ["autoregressive", "speculative"]
+    assert (decode[methods] > table.loc[methods, "tokens_per_second"]).all() and pd.isna(decode["naive"])
 
 
 def test_greedy_speculative_output_is_the_targets(run_dir: Path) -> None:

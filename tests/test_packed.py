@@ -251,8 +251,8 @@ def test_a_packed_int8_copy_drafts_for_its_float32_target(tmp_path):
 @pytest.mark.xdist_group("inductor")
 def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path):
     """With runtime.drafts=false, draft models stay eager, but a packed_int8 copy compiles (its eager step costs
-    about twice its compiled one), on one static graph of width 1 where it reads the target's cache (steps=True);
-    the greedy output stays the target's."""
+    about twice its compiled one), on one static graph of width 1 where it reads the target's cache (steps=True),
+    its cache in bfloat16 (runtime.draft_cache's default); the greedy output stays the target's."""
     from specdec.auto.runtime import RuntimeOptions, put_on_runtime
     from specdec.runtime.models import dynamic_int8_copy
 
@@ -269,9 +269,10 @@ def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path
     assert compiled.widths == (1,) and not compiled.dynamic_width
     put_on_runtime(draft, runtime, **place)  # already on the runtime: left as it is
     assert compiled_forward(draft) is compiled
-    out = speculative_generate(target, ModelDrafter(draft, reads_target_cache=True), GREEDY_PROMPT, k=3,
-                               sampling=GREEDY, max_new_tokens=24)
+    drafter = ModelDrafter(draft, reads_target_cache=True)
+    out = speculative_generate(target, drafter, GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=24)
     assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8
+    assert compiled.cache_dtype == torch.bfloat16 and drafter.lm.cache.layers[0].key_buffer.dtype == torch.bfloat16
 
 
 def test_cpu_int8_is_the_packed_copy_where_the_kernel_runs_else_torchs(tmp_path, monkeypatch, caplog):

@@ -4,6 +4,7 @@ with the reason said (specdec.auto.runtime.eager_reason)."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specdec.auto import runtime as auto_runtime
 from specdec.auto.runtime import (
@@ -11,6 +12,7 @@ from specdec.auto.runtime import (
     RuntimeOptions,
     add_step_graph,
     compiles,
+    draft_cache_dtype,
     eager_reason,
     put_on_runtime,
     runtimes_markdown,
@@ -106,3 +108,19 @@ def test_runtime_options_refuse_what_the_compiled_runtime_cannot_take():
     with pytest.raises(ValueError, match="packed_rows must be an integer >= 5, got 2"):
         RuntimeOptions("compiled", packed_rows=(5, 2))
     assert RuntimeOptions("compiled", packed_rows=(1, 16)).packed_rows == (1, 16)
+    with pytest.raises(ValueError, match="draft_cache must be one of bfloat16, model, got 'int8'"):
+        RuntimeOptions("compiled", draft_cache="int8")
+
+
+def test_a_float32_copy_keeps_the_targets_states_in_bfloat16_where_the_kernel_runs(monkeypatch):
+    """runtime.draft_cache: bfloat16 for a float32 copy where the attention kernel runs; the copy's own dtype when
+    told (model), for a bfloat16 copy, and where the kernel does not run."""
+    from specdec.runtime import attention
+
+    model = tiny_model("llama")
+    monkeypatch.setattr(attention, "window_kernel", lambda: True)
+    assert draft_cache_dtype(model, "bfloat16") == torch.bfloat16
+    assert draft_cache_dtype(model, "model") is None
+    assert draft_cache_dtype(model.to(torch.bfloat16), "bfloat16") is None
+    monkeypatch.setattr(attention, "window_kernel", lambda: False)
+    assert draft_cache_dtype(model.float(), "bfloat16") is None

@@ -57,6 +57,22 @@ def test_attention_kernels_are_sdpa_and_masked_slots_add_nothing(shape, dtype, k
     assert torch.equal(op(q, k, v, mask, 0.125)[:, 0], torch.zeros_like(out[:, 0]))
 
 
+@pytest.mark.parametrize("kernel", ["window_attention", "split_attention"])
+@pytest.mark.parametrize("shape", SHAPES[1::2], ids=lambda s: "x".join(map(str, s)))
+def test_a_float32_query_over_a_bfloat16_cache_reads_it_widened_exactly(shape, kernel):
+    """A draft's cache kept in bfloat16 (specdec.auto.runtime.draft_cache_dtype): a float32 query over bfloat16 keys
+    and values has the bits of the same query over those keys and values widened to float32, in float32."""
+    op = getattr(torch.ops.specdec, kernel)
+    q, buffer, mask = window(shape, torch.float32)
+    K = mask.shape[-1]
+    k, v = buffer[0, :, :, :K].bfloat16(), buffer[1, :, :, :K].bfloat16()
+    out = op(q, k, v, mask, 0.125)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, op(q, k.float(), v.float(), mask, 0.125))
+    with pytest.raises(RuntimeError, match="float32 query"):
+        op(q.bfloat16(), k.float(), v.float(), mask, 0.125)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_bits_do_not_depend_on_where_its_attended_slots_lie(dtype):
     """The same attended keys and values, in the same order, at other slots among masked ones (as a tree's accepted

@@ -48,6 +48,7 @@ Quantization = choices("Quantization", *QUANTIZATIONS)
 AppliesTo = choices("AppliesTo", "target", "draft", "both")
 RuntimeName = choices("RuntimeName", "eager", "compiled", "auto")  # conf/runtime/: auto decides per run
 StepGraph = choices("StepGraph", "auto", "always", "never")  # specdec.auto.runtime.add_step_graph
+DraftCache = choices("DraftCache", "bfloat16", "model")  # specdec.auto.runtime.draft_cache_dtype
 DatasetSource = choices("DatasetSource", "json", "hub", "sharegpt")  # JSON Lines file; Hub dataset, streamed; ShareGPT
 LoggerKind = choices("LoggerKind", "wandb", "none")
 WandbMode = choices("WandbMode", "offline", "online")
@@ -96,6 +97,7 @@ class RuntimeConfig:
     window: int = 64
     drafts: bool = False
     heads: bool = True
+    draft_cache: DraftCache = DraftCache.bfloat16
 
 
 @dataclass

@@ -26,14 +26,14 @@ from .settings import BASELINE
 
 TABLE_COLUMNS = {  # column -> how the markdown table prints it
     "prompts": "{:.0f}", "new_tokens": "{:.0f}", "latency_s": "{:.2f}", "tokens_per_second": "{:.2f}",
-    "speedup": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
+    "speedup": "{:.2f}", "decode_tokens_per_second": "{:.2f}", "acceptance_rate": "{:.3f}", "mean_accepted_length": "{:.2f}", "alpha": "{:.3f}",
     "nll_per_token": "{:.3f}", "agreement": "{:.3f}", "distinct_2": "{:.3f}", "repetition_4": "{:.3f}",
     "article_log_likelihood": "{:.4f}", "weights_mb": "{:.0f}", "peak_rss_mb": "{:.0f}", "peak_cuda_mb": "{:.0f}",
 }  # fmt: skip
 PER_METHOD = {  # run metric <name>/<method> -> its method table column
     "tokens_per_second": "tokens_per_second", "latency_s": "latency_s", "peak_memory_mb": "peak_rss_mb",
     "cuda_peak_memory_mb": "peak_cuda_mb", **{c: c for c in ("weights_mb", "nll_per_token", "agreement",
-                                                             "distinct_2", "repetition_4")},
+                                                             "distinct_2", "repetition_4", "decode_tokens_per_second")},
 }  # fmt: skip
 
 
@@ -45,21 +45,21 @@ def wall_seconds(rows: pd.DataFrame) -> float:
 
 
 def method_row(method: str, rows: pd.DataFrame) -> dict[str, float]:
-    """Aggregate one method's prompts: throughput over all tokens, quality as a mean over prompts."""
-    speculative = rows["drafted"].sum() > 0
+    """One method's prompts: tokens/s over all their time and after the prefill (decode), quality as a mean."""
+    speculative, prefill = rows["drafted"].sum() > 0, rows.get("seconds_prefill", math.nan)
     return {
         "prompts": len(rows),
         "new_tokens": rows["emitted"].sum(),
         "latency_s": rows["seconds_total"].mean(),  # per row: to its last token (a batch's rows end apart)
         "tokens_per_second": ratio(rows["emitted"].sum(), wall_seconds(rows)),  # throughput over every row
+        "decode_tokens_per_second": ratio(rows["emitted"].sum(), (rows["seconds_total"] - prefill).sum()),
         "acceptance_rate": ratio(rows["accepted"].sum(), rows["drafted"].sum()) if speculative else math.nan,
         "mean_accepted_length": ratio(rows["emitted"].sum(), rows["target_forwards"].sum())
         if speculative or method == BASELINE else math.nan,
         "alpha": ratio(rows["overlap_sum"].sum(), rows["overlap_count"].sum()) if speculative else math.nan,
         "nll_per_token": rows["nll"].mean(),
         **rows[["agreement", "distinct_2", "repetition_4"]].mean(),
-        "article_log_likelihood": rows["article_log_likelihood"].mean() if "article_log_likelihood" in rows
-        else math.nan,
+        "article_log_likelihood": rows.get("article_log_likelihood", pd.Series([math.nan])).mean(),
         **rows[["weights_mb", "peak_rss_mb", "peak_cuda_mb"]].max(),
     }  # fmt: skip
 

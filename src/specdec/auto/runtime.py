@@ -8,6 +8,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 
+import torch
 from transformers import PreTrainedModel
 
 from ..draft.head_runtime import compile_head
@@ -29,6 +30,8 @@ from .report import Report
 
 EAGER, COMPILED, AUTO = "eager", "compiled", "auto"  # the runtimes (conf/runtime/)
 NEVER, ALWAYS = "never", "always"  # step_graph's choices besides auto
+BFLOAT16, MODEL = "bfloat16", "model"
+DRAFT_CACHES = (BFLOAT16, MODEL)  # draft_cache's choices
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class RuntimeOptions:
     window: int = WINDOW
     drafts: bool = False  # draft models run compiled too (a packed int8 copy does whatever this says)
     heads: bool = True  # a trained draft head's forward runs compiled too
+    draft_cache: str = BFLOAT16  # the dtype a compiled copy that reads the target's cache keeps it in: bfloat16
+    # (where the attention kernel runs) or model (the copy's own dtype); see draft_cache_dtype
 
     def __post_init__(self) -> None:
         """Settings the compiled runtime can take; a ValueError naming the field and the fix otherwise."""
@@ -64,11 +69,13 @@ class RuntimeOptions:
         if rows is not None and not 1 <= rows[0] <= rows[1]:
             least, value = (1, rows[0]) if rows[0] < 1 else rows
             raise ValueError(f"packed_rows must be an integer >= {least}, got {value!r}")
+        if self.draft_cache not in DRAFT_CACHES:
+            raise ValueError(f"draft_cache must be one of {', '.join(DRAFT_CACHES)}, got {self.draft_cache!r}")
 
     def compile_settings(self) -> dict:
         """compile_model's keyword arguments."""
         settings = asdict(self)
-        for key in ("name", "step_graph", "drafts", "heads"):
+        for key in ("name", "step_graph", "drafts", "heads", "draft_cache"):
             del settings[key]
         return settings
 
@@ -125,9 +132,25 @@ def put_on_runtime(model: PreTrainedModel | None, runtime: RuntimeOptions, *, de
     settings = {**runtime.compile_settings(), **({"widths": (1,), "dynamic_width": False} if steps else {})}
     if draft and runtime.invariant is None:  # batch invariance is the target's: a draft's numerics never change outputs
         settings["invariant"] = False
+    if draft and steps:
+        settings["cache_dtype"] = draft_cache_dtype(model, runtime.draft_cache)
     add_step_graph(runtime.step_graph, compile_model(model, **settings), model, report)
     build_graphs(model)  # now, not in a timed pass
     time_buckets(model)  # a pass pads to its cheapest bucket, as measured here
+
+
+def draft_cache_dtype(model: PreTrainedModel, choice: str) -> torch.dtype | None:
+    """The dtype a compiled copy that reads the target's cache keeps its states in (None: the copy's own).
+    bfloat16, for a float32 copy where the attention kernel runs (specdec.runtime.attention): the copy's step reads
+    the whole cache, and after long contexts the cache is a large part of its bytes (after 2048 tokens SmolLM2-135M's
+    float32 cache holds 94 MB, its packed int8 copy's linears 134 MB); in bfloat16 half of it. The draft is then
+    "the copy, reading the target's states rounded to bfloat16": only a proposal, so exactness holds. After 1,993
+    tokens a step of that copy took 12.6 ms against 14.2 on a 2-core AMD EPYC, its drafts accepted as often
+    (docs/performance.md, Context length)."""
+    from ..runtime.attention import window_kernel
+
+    keep = choice == BFLOAT16 and model.dtype == torch.float32 and window_kernel()
+    return torch.bfloat16 if keep else None
 
 
 def has_int8_kernel(model: PreTrainedModel) -> bool:

@@ -70,6 +70,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             return kernel(query, key, value, attention_mask, scale), None
         if rowwise:
             return rowwise_attention(query, key, value, attention_mask, scaling), None
+    key, value = key.to(query.dtype), value.to(query.dtype)  # a cache kept in another dtype (a draft's bfloat16)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None

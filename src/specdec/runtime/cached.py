@@ -73,7 +73,8 @@ class CachedLM:
 
     def reset(self) -> None:
         self.compiled = compiled_forward(self.model) if runs_compiled(self.model) and not self.eager else None
-        self.cache = full_cache(self.model) if self.compiled is None else slot_cache(self.model, self.compiled.capacity)
+        self.cache = (full_cache(self.model) if self.compiled is None
+                      else slot_cache(self.model, self.compiled.capacity, self.compiled.cache_dtype))
         self.features = FeatureStore() if self.keeps_features else None
         self.positions = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.layout = 0  # changes whenever kept slots move (compaction, rows leaving): a reader must copy afresh
@@ -298,6 +299,7 @@ class CachedLM:
         `start` on cast to our dtype, and take its positions (slots it marked dead since are dead here too)."""
         embedding = self.model.get_input_embeddings()
         dtype = getattr(embedding, "dtype", None) or embedding.weight.dtype  # (a PanelEmbedding's: its panels')
+        dtype = getattr(self.compiled, "cache_dtype", None) or dtype  # a compiled cache's own dtype
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.reserve(other.slots)
             mine.keep_slots(start)

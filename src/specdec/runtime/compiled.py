@@ -98,7 +98,8 @@ class CompiledForward:
     reads the slots in use rounded up to a multiple of this (0: the whole buffer; see `window`). pass_ms (width ->
     measured ms, filled by the caller) makes `bucket` pick the cheapest bucket that holds a pass instead of the
     smallest. dynamic_width: on a CPU, one graph per row count for every width up to the widest bucket, each pass at
-    its own width (mark_width), instead of one graph per bucket with passes padded to it.
+    its own width (mark_width), instead of one graph per bucket with passes padded to it. cache_dtype: the dtype its
+    caches hold states in (None: the model's; a draft's float32 states kept in bfloat16 read half the bytes).
     """
 
     built = 0  # graphs that the calls of every compiled runtime in this process traced (compiled, loaded from
@@ -106,9 +107,10 @@ class CompiledForward:
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
-                 dynamic_width: bool = False):
+                 dynamic_width: bool = False, cache_dtype: torch.dtype | None = None):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
+        self.cache_dtype = cache_dtype
         self.dynamic_width = dynamic_width and model.device.type == "cpu"
         self.pass_ms: dict[int, float] = {}
         self.record = CompileRecord()
@@ -275,7 +277,8 @@ RUNTIMES = Runtimes()  # models and draft heads
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
                   cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
-                  dynamic_width: bool = False, invariant: bool | None = None) -> CompiledForward:
+                  dynamic_width: bool = False, invariant: bool | None = None, cache_dtype: torch.dtype | None = None
+                  ) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
@@ -286,7 +289,8 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     sums each row in one order (specdec.runtime.attention): with packed linears, batch-invariant passes; False: on
     the chunked kernel (faster after long contexts); None: True for a bfloat16 or float16 model (in float32 the
     chunked kernel's rounding differences between a step and a pass stay below what flips a greedy token in
-    practice: docs/performance.md)."""
+    practice: docs/performance.md). cache_dtype: the dtype its caches hold states in (None: the model's; on a CPU
+    whose attention kernel runs, a float32 draft may keep them in bfloat16: specdec.auto.runtime.put_on_runtime)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
     if use_grouped_attention(model, rowwise=invariant):
@@ -297,7 +301,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
-                                      dynamic_width)
+                                      dynamic_width, cache_dtype)
     return RUNTIMES[model]
 
 

@@ -117,9 +117,9 @@ class SlotLayer(GrowingLayer):
     compactions move states inside the buffer; only more rows, or more slots than the capacity, reallocate it.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
-        self.capacity = capacity
+        self.capacity, self.dtype = capacity, dtype  # the buffer's dtype (None: the states'); writes cast to it
         with torch.inference_mode(False):  # a normal tensor wherever the cache is made, so one graph's guards hold
             self.filled = torch.zeros((), dtype=torch.long)  # for every cache, and crops may run outside inference mode
 
@@ -133,8 +133,8 @@ class SlotLayer(GrowingLayer):
         return write_slots(self.key_buffer, self.value_buffer, self.filled, key_states, value_states)
 
     def allocate(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.key_buffer = keys.new_zeros((*keys.shape[:-2], self.capacity, keys.shape[-1]))
-        self.value_buffer = values.new_zeros((*values.shape[:-2], self.capacity, values.shape[-1]))
+        self.key_buffer = keys.new_zeros((*keys.shape[:-2], self.capacity, keys.shape[-1]), dtype=self.dtype)
+        self.value_buffer = values.new_zeros((*values.shape[:-2], self.capacity, values.shape[-1]), dtype=self.dtype)
         with torch.inference_mode(False):
             self.filled = self.filled.to(keys.device)
 
@@ -191,17 +191,18 @@ class SlotLayer(GrowingLayer):
 
 def write_slots(key_buffer: torch.Tensor, value_buffer: torch.Tensor, filled: torch.Tensor, key_states: torch.Tensor,
                 value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write a pass's states (B, H, n, D) into slots filled.. of the buffers (B, H, capacity, D) in place and count
-    them; the whole buffers back (their shape does not change as the cache fills)."""
+    """Write a pass's states (B, H, n, D) into slots filled.. of the buffers (B, H, capacity, D) in place (cast to
+    the buffers' dtype) and count them; the whole buffers back (their shape does not change as the cache fills)."""
     index = filled + torch.arange(key_states.shape[-2], device=key_states.device)  # (n,)
-    key_buffer.index_copy_(2, index, key_states)
-    value_buffer.index_copy_(2, index, value_states)
+    key_buffer.index_copy_(2, index, key_states.to(key_buffer.dtype))
+    value_buffer.index_copy_(2, index, value_states.to(value_buffer.dtype))
     filled.add_(key_states.shape[-2])
     return key_buffer, value_buffer
 
 
-def slot_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
-    """A cache whose every layer is a SlotLayer of `capacity` slots (sliding windows are masks)."""
+def slot_cache(model: PreTrainedModel, capacity: int, dtype: torch.dtype | None = None) -> DynamicCache:
+    """A cache whose every layer is a SlotLayer of `capacity` slots holding states in `dtype` (None: the model's
+    own; sliding windows are masks)."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [SlotLayer(capacity) for _ in cache.layers]
+    cache.layers = [SlotLayer(capacity, dtype) for _ in cache.layers]
     return cache

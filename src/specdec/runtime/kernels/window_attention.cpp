@@ -3,7 +3,8 @@
 //
 //   query (B, H, n, d), key and value (B, H_kv, K, d) (views of the cache buffer: the window's K slots, any strides
 //   but the last), mask (B or 1, 1 or H, n, K), boolean (true: attend) or additive float; float32 or bfloat16 (keys
-//   and values widened to float32 exactly, half the bytes to read). Returns (B, n, H, d) in the query's dtype.
+//   and values widened to float32 exactly, half the bytes to read), or a float32 query over bfloat16 keys and values
+//   (a draft's cache kept in bfloat16). Returns (B, n, H, d) in the query's dtype.
 //
 // Reading the cache once is the cost: after 2048 tokens SmolLM2-135M's float32 cache holds 94 MB, a third of its
 // weights. Each group of H / H_kv query heads reads its key/value head in place (no copies per query head), and the
@@ -455,7 +456,9 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
                double scale, bool split) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask.dim() == 4, "4-D tensors expected");
   TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "keys and values need contiguous rows");
-  TORCH_CHECK(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(), "one dtype");
+  TORCH_CHECK(value.scalar_type() == key.scalar_type(), "keys and values of one dtype");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type() || query.scalar_type() == at::kFloat,
+              "a float32 query, or a query of the keys' dtype");
   TORCH_CHECK(query.size(1) % key.size(1) == 0, "query heads must be a multiple of key/value heads");
   TORCH_CHECK(mask.size(3) == key.size(2) && mask.size(2) == query.size(2), "the mask must be (B or 1, 1 or H, n, K)");
   TORCH_CHECK(mask.size(0) == 1 || mask.size(0) == query.size(0), "the mask must be (B or 1, 1 or H, n, K)");
@@ -463,11 +466,11 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   const bool boolean = mask.scalar_type() == at::kBool;
   at::Tensor m = boolean ? mask : mask.to(at::kFloat);
   if (m.stride(3) != 1) m = m.contiguous();
-  if (query.scalar_type() == at::kFloat) {
+  if (key.scalar_type() == at::kFloat) {
     if (split) boolean ? split_or_window<float, bool>(query, key, value, m, scale, out) : split_or_window<float, float>(query, key, value, m, scale, out);
     else boolean ? attend<float, bool>(query, key, value, m, scale, out) : attend<float, float>(query, key, value, m, scale, out);
   } else {
-    TORCH_CHECK(query.scalar_type() == at::kBFloat16, "float32 or bfloat16 expected");
+    TORCH_CHECK(key.scalar_type() == at::kBFloat16, "float32 or bfloat16 expected");
     if (split) boolean ? split_or_window<at::BFloat16, bool>(query, key, value, m, scale, out)
                        : split_or_window<at::BFloat16, float>(query, key, value, m, scale, out);
     else boolean ? attend<at::BFloat16, bool>(query, key, value, m, scale, out)
