@@ -7,6 +7,7 @@ from specdec import GREEDY, autoregressive_generate
 from specdec.runtime.compiled import compile_model, compiled_forward
 from specdec.runtime.inductor import graphs_built
 from specdec.runtime.study import (
+    ClockedRun,
     RuntimeProfile,
     interleaved,
     interleaved_runs,
@@ -57,6 +58,16 @@ def test_interleaved_runs_warm_up_then_clock_every_input_and_skip_a_failed_loop(
     assert [len(runs["a"][key]) for key in ("p", "q")] == [2, 2] and runs["broken"] == {"p": [], "q": []}
     figures = throughput(runs["a"], {"p": "chat", "q": "code"})
     assert set(figures["by_category"]) == {"chat", "code"} and figures["tokens_per_second"]["n"] == 2
+
+
+def test_forwards_per_token_counts_the_models_a_loop_called():
+    """A bench clocks every contender's models; each contender's figures count only those it called (a contender
+    with settings of its own runs a target of its own: the default's target reads 0 for it, and is left out)."""
+    calls = {"target": 0, "target1": 5, "draft": 0, "draft1": 12}
+    runs = {"p": [ClockedRun([1, 2, 3, 4], 1.0, None, {m: 0.1 * n for m, n in calls.items()}, calls)] * 2}
+    figures = throughput(runs, {"p": "chat"})
+    assert figures["forwards_per_token"] == {"target1": 1.25, "draft1": 3.0}
+    assert figures["model_forward_share"] == pytest.approx(1.7)
 
 
 def test_plain_step_share_pools_the_prompts_by_their_rounds():

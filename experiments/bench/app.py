@@ -58,8 +58,9 @@ def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict
     (out/contenders/<name>.json)."""
     failures = failures or Failures(log)
     default = contenders[DEFAULT].setup
-    drafts = {id(c.setup.pair.draft_model): c.setup.pair.draft_model for c in contenders.values()}
-    models = {"target": default.pair.target, **{f"draft{i or ''}": m for i, m in enumerate(d for d in drafts.values() if d is not None)}}
+    pairs_of = [c.setup.pair for c in contenders.values()]  # a contender with settings of its own loads its models
+    targets, drafts = ({id(m): m for m in ms if m is not None} for ms in ([p.target for p in pairs_of], [p.draft_model for p in pairs_of]))
+    models = {**{f"target{i or ''}": m for i, m in enumerate(targets.values())}, **{f"draft{i or ''}": m for i, m in enumerate(drafts.values())}}
     clock = ForwardClock(models)
 
     def finished(name: str, runs: dict[str, list[ClockedRun]]) -> None:  # its figures, as soon as it has run everything
@@ -84,8 +85,7 @@ def run_bench(contenders: dict[str, Contender], prompts: list[Prompt], ids: dict
         "contenders": {name: {**contenders[name].figures(), **contender_figures(runs[name], prompts)} for name in runs},
         "failed": failures.failed,
     }
-    if load is not None:
-        result["load"] = load
+    result.update({"load": load} if load is not None else {})
     result["greedy_check"] = output_check(runs, s, reference)
     log("measuring the target's pass cost vs width")
     k = plan.k if isinstance(plan.k, int) else 4

@@ -561,9 +561,9 @@ def throughput(per_prompt: Mapping[str, list[ClockedRun]], categories: Mapping[s
         "by_prompt": {i: {"tokens": len(per_prompt[i][0].tokens), **spread(pooled([i]))} for i in categories},
         "model_forward_share": sum(sum(r.model_seconds.values()) for r in runs)
         / sum(r.seconds for r in runs),
-        "forwards_per_token": {
+        "forwards_per_token": {  # the models this loop called (a bench clocks every contender's)
             m: sum(r.model_calls[m] for r in runs) / sum(len(r.tokens) for r in runs)
-            for m in runs[0].model_calls
+            for m in runs[0].model_calls if any(r.model_calls[m] for r in runs)
         },
     }
 
