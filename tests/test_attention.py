@@ -153,3 +153,32 @@ def test_a_cache_grown_past_its_capacity_keeps_its_graphs(monkeypatch):
     for ours, reference in zip(compiled, eager):
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     eager_model(model)
+
+
+def test_a_prompt_on_an_empty_cache_runs_as_causal_sdpa(monkeypatch):
+    """A mask that lets query i see exactly slots 0..i (a prompt's pass on an empty cache) runs as SDPA's is_causal
+    over the first n slots, without the blocks the mask hides, and gives the masked result; any other mask (a cache
+    with slots before the prompt, a sliding window, two rows, one query) keeps the mask."""
+    from specdec.runtime import attention
+
+    n, K = 40, 64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, n, 16, generator=g), torch.randn(1, 2, K, 16, generator=g), torch.randn(1, 2, K, 16, generator=g)
+    causal = torch.zeros(1, 1, n, K, dtype=torch.bool)
+    causal[0, 0, :, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    after_prefix = torch.roll(causal, 3, dims=-1) | (torch.arange(K) < 3)  # 3 cached slots first
+    window = causal & (torch.arange(n)[:, None] - torch.arange(K)[None, :] < 8)  # a sliding window of 8
+    assert attention.causal_prompt(causal)
+    assert not any(attention.causal_prompt(m) for m in (after_prefix, window, causal.repeat(2, 1, 1, 1),
+                                                        causal[:, :, :1], causal.float()))
+    module = torch.nn.Module()
+    out, _ = attention.grouped_sdpa(module, q, k, v, causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    calls = []
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append((a, kw)) or a[0])
+    attention.grouped_sdpa(module, q, k, v, causal)
+    attention.grouped_sdpa(module, q, k, v, window)
+    (args, kwargs), (_, masked) = calls
+    assert kwargs["is_causal"] and kwargs["attn_mask"] is None and args[1].shape[2] == n
+    assert not masked["is_causal"] and masked["attn_mask"] is window

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from pathlib import Path
 
 import torch
@@ -71,9 +72,30 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         if rowwise:
             return rowwise_attention(query, key, value, attention_mask, scaling), None
     key, value = key.to(query.dtype), value.to(query.dtype)  # a cache kept in another dtype (a draft's bfloat16)
+    if not torch.compiler.is_compiling() and causal_prompt(attention_mask):  # a prompt on an empty cache: SDPA
+        n = query.shape[2]  # skips the blocks above the diagonal
+        key, value, attention_mask = key[:, :, :n], value[:, :, :n], None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+                                         is_causal=attention_mask is None)
     return out.transpose(1, 2).contiguous(), None
+
+
+_checked: list = [lambda: None, False]  # the mask causal_prompt last looked at (a weak reference) and its answer
+
+
+def causal_prompt(mask: torch.Tensor) -> bool:
+    """Whether a boolean mask (1, 1, n, K) of n > 1 queries lets query i see exactly slots 0..i: a prompt's pass on an
+    empty cache (one row, full attention), which SDPA runs as is_causal without computing the blocks above the
+    diagonal that the mask would hide (after 2k tokens half of the prefill's attention). Every layer of a pass gets
+    the same mask, so the answer for the last one is kept."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[:2] != (1, 1) or not 1 < mask.shape[2] <= mask.shape[3]:
+        return False
+    if _checked[0]() is not mask:
+        n = mask.shape[2]
+        causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril_()
+        _checked[:] = [weakref.ref(mask), torch.equal(mask[0, 0, :, :n], causal) and not mask[0, 0, :, n:].any()]
+    return _checked[1]
 
 
 @functools.cache
