@@ -145,8 +145,8 @@ def draft_cache_dtype(model: PreTrainedModel, choice: str) -> torch.dtype | None
     the whole cache, and after long contexts the cache is a large part of its bytes (after 2048 tokens SmolLM2-135M's
     float32 cache holds 94 MB, its packed int8 copy's linears 134 MB); in bfloat16 half of it. The draft is then
     "the copy, reading the target's states rounded to bfloat16": only a proposal, so exactness holds. After 1,993
-    tokens a step of that copy took 12.6 ms against 14.2 on a 2-core AMD EPYC, its drafts accepted as often
-    (docs/performance.md, Context length)."""
+    tokens a step of that copy took 11.3 ms against 12.7 on a 2-core AMD EPYC, its drafts accepted as often
+    (docs/performance.md, The int8 draft)."""
     from ..runtime.attention import GROUPED, window_kernel
 
     kernel = model.device.type == "cpu" and model.config._attn_implementation in ("sdpa", GROUPED)  # grouped_sdpa's
