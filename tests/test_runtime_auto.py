@@ -113,17 +113,18 @@ def test_runtime_options_refuse_what_the_compiled_runtime_cannot_take():
 
 
 def test_a_float32_copy_keeps_the_targets_states_in_bfloat16_where_the_kernel_runs(monkeypatch):
-    """runtime.draft_cache: bfloat16 for a float32 copy where the attention kernel runs; the copy's own dtype when
-    told (model), for a bfloat16 copy, for attention other than SDPA's, and where the kernel does not run."""
-    from specdec.runtime import attention
+    """runtime.draft_cache: bfloat16 for a float32 copy; the copy's own dtype when told (model) and for a bfloat16 copy.
+    compile_model keeps it where our attention kernel reads the cache, and drops it for attention other than SDPA's
+    and where the kernel does not run."""
+    from specdec.runtime import compiled
 
     model = tiny_model("llama")
-    monkeypatch.setattr(attention, "window_kernel", lambda: True)
     assert draft_cache_dtype(model, "bfloat16") == torch.bfloat16
     assert draft_cache_dtype(model, "model") is None
     assert draft_cache_dtype(model.to(torch.bfloat16), "bfloat16") is None
-    model.float().config._attn_implementation = "eager"  # attention that is not the kernel's
-    assert draft_cache_dtype(model, "bfloat16") is None
-    model.config._attn_implementation = "sdpa"
-    monkeypatch.setattr(attention, "window_kernel", lambda: False)
-    assert draft_cache_dtype(model, "bfloat16") is None
+    model.float()
+    for attention, kernel, kept in [("sdpa", True, torch.bfloat16), ("eager", True, None), ("sdpa", False, None)]:
+        model.config._attn_implementation = attention  # eager: attention that is not the kernel's
+        monkeypatch.setattr(compiled, "window_kernel", lambda kernel=kernel: kernel)
+        assert compile_model(model, cache_dtype=torch.bfloat16).cache_dtype == kept, (attention, kernel)
+        eager_model(model)

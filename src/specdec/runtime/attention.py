@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from pathlib import Path
 
 import torch
@@ -81,21 +80,18 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return out.transpose(1, 2).contiguous(), None
 
 
-_checked: list = [lambda: None, False]  # the mask causal_prompt last looked at (a weak reference) and its answer
-
-
 def causal_prompt(mask: torch.Tensor) -> bool:
     """Whether a boolean mask (1, 1, n, K) of n > 1 queries lets query i see exactly slots 0..i: a prompt's pass on an
     empty cache (one row, full attention), which SDPA runs as is_causal without computing the blocks above the
     diagonal that the mask would hide (after 2k tokens half of the prefill's attention). Every layer of a pass gets
-    the same mask, so the answer for the last one is kept."""
+    the same mask: the answer is kept on it."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[:2] != (1, 1) or not 1 < mask.shape[2] <= mask.shape[3]:
         return False
-    if _checked[0]() is not mask:
+    if not hasattr(mask, "causal_prompt"):
         n = mask.shape[2]
         causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril_()
-        _checked[:] = [weakref.ref(mask), torch.equal(mask[0, 0, :, :n], causal) and not mask[0, 0, :, n:].any()]
-    return _checked[1]
+        mask.causal_prompt = torch.equal(mask[0, 0, :, :n], causal) and not mask[0, 0, :, n:].any()
+    return mask.causal_prompt
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .attention import GROUPED, shipped_attention, use_grouped_attention
+from .attention import GROUPED, shipped_attention, use_grouped_attention, window_kernel
 from .graphs import CudaGraphs
 from .inductor import (
     allow_graphs,
@@ -289,17 +289,20 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     sums each row in one order (specdec.runtime.attention): with packed linears, batch-invariant passes; False: on
     the chunked kernel (faster after long contexts); None: True for a bfloat16 or float16 model (in float32 the
     chunked kernel's rounding differences between a step and a pass stay below what flips a greedy token in
-    practice: docs/performance.md). cache_dtype: the dtype its caches hold states in (None: the model's; on a CPU
-    whose attention kernel runs, a float32 draft may keep them in bfloat16: specdec.auto.runtime.put_on_runtime)."""
+    practice: docs/performance.md). cache_dtype: the dtype its caches hold states in (None: the model's), kept where
+    the model's attention runs on our kernel (grouped attention on a CPU with AVX-512), which reads a cache of another
+    dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
-    if use_grouped_attention(model, rowwise=invariant):
+    grouped = use_grouped_attention(model, rowwise=invariant)
+    if grouped:
         log.info("%s: attention reads each key/value head in place%s%s", type(model).__name__,
                  f", over the slots in use rounded up to {window}" if window else "",
                  "; compiled passes batch-invariant (window attention kernel)" if invariant else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
     use_inductor_cache()
+    cache_dtype = cache_dtype if grouped and window_kernel() else None  # only our kernel reads a cache of another dtype
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
                                       dynamic_width, cache_dtype)
     return RUNTIMES[model]
