@@ -140,7 +140,8 @@ def use_grouped_attention(model: PreTrainedModel, rowwise: bool = False) -> bool
     model.set_attn_implementation(GROUPED)
     kernel = window_kernel()  # loaded now, not while a graph is traced
     for module in model.modules():
-        if hasattr(module, "q_proj"):  # an attention layer: grouped_sdpa reads the settings from it
+        if hasattr(module, "q_proj") or hasattr(module, "qkv_proj"):  # an attention layer (fused: runtime.fused):
+            # grouped_sdpa reads the settings from it
             module.rowwise, module.window_kernel = rowwise, kernel
     return True
 

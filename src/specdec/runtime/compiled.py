@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import GROUPED, shipped_attention, use_grouped_attention, window_kernel
+from .fused import fuse_projections
 from .graphs import CudaGraphs
 from .inductor import (
     allow_graphs,
@@ -301,6 +302,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
                  "; compiled passes batch-invariant (window attention kernel)" if invariant else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
+        fuse_projections(model)  # a packed int8 copy's q/k/v and gate/up, each one call
     use_inductor_cache()
     cache_dtype = cache_dtype if grouped and window_kernel() else None  # only our kernel reads a cache of another dtype
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
