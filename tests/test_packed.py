@@ -14,6 +14,7 @@ from fakes import GREEDY_PROMPT, hf_greedy
 
 from specdec import GREEDY, ModelDrafter, speculative_generate
 from specdec.runtime.compiled import compile_model, compiled_forward
+from specdec.runtime.fused import fuse_projections
 from specdec.runtime.models import load_model
 from specdec.runtime.packed import (
     PackedInt8Linear,
@@ -248,6 +249,23 @@ def test_a_packed_int8_copy_drafts_for_its_float32_target(tmp_path):
 
 
 @needs_avx512
+@pytest.mark.parametrize("arch,fused_per_layer", [("llama", 2), ("gemma3", 1), ("qwen2", 1)])
+def test_fused_projections_give_the_unfused_copys_logits_bit_for_bit(tmp_path, arch, fused_per_layer):
+    """fuse_projections: Llama's q/k/v as one packed int8 call, every gated MLP's gate/up as another (Gemma 3's
+    attention, with its q/k norms, and Qwen2's, with biases, keep theirs); the copy's logits are the unfused copy's,
+    bit for bit (each output sums over k in one order, whatever panel it falls in), and it still pickles."""
+    import pickle
+
+    tiny_model(arch, seed=0, scale=20.0).save_pretrained(tmp_path)
+    plain, fused = (load_model(str(tmp_path), quantization="packed_int8") for _ in range(2))
+    assert fuse_projections(fused) == fused_per_layer * fused.config.num_hidden_layers
+    assert (not hasattr(fused.model.layers[0].self_attn, "q_proj")) == (fused_per_layer == 2)
+    assert not hasattr(fused.model.layers[0].mlp, "up_proj") and hasattr(fused.model.layers[0].mlp, "gate_up_proj")
+    assert torch.equal(fused(GREEDY_PROMPT).logits, plain(GREEDY_PROMPT).logits)
+    assert torch.equal(pickle.loads(pickle.dumps(fused))(GREEDY_PROMPT).logits, plain(GREEDY_PROMPT).logits)
+
+
+@needs_avx512
 @pytest.mark.xdist_group("inductor")
 def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path):
     """With runtime.drafts=false, draft models stay eager, but a packed_int8 copy compiles (its eager step costs
@@ -273,6 +291,8 @@ def test_a_packed_int8_draft_runs_compiled_whatever_runtime_drafts_says(tmp_path
     out = speculative_generate(target, drafter, GREEDY_PROMPT, k=3, sampling=GREEDY, max_new_tokens=24)
     assert torch.equal(out.tokens, hf_greedy(target, GREEDY_PROMPT, 24)) and out.stats.acceptance_rate > 0.8
     assert compiled.cache_dtype == torch.bfloat16 and drafter.lm.cache.layers[0].key_buffer.dtype == torch.bfloat16
+    assert all(hasattr(layer.self_attn, "qkv_proj") and hasattr(layer.mlp, "gate_up_proj")
+               for layer in draft.model.layers)  # compiled with its projections fused (specdec.runtime.fused)
 
 
 def test_cpu_int8_is_the_packed_copy_where_the_kernel_runs_else_torchs(tmp_path, monkeypatch, caplog):
