@@ -129,6 +129,7 @@ def test_greedy_output_on_the_compiled_runtime_with_packed_linears():
     runtime = compiled_forward(target)
     assert runtime.record.eager_reason is None and (1, 4) in runtime.record.seconds
     assert any(isinstance(m, PackedLinear) for m in target.modules())
+    assert isinstance(target.model.layers[0].mlp.gate_up_proj, PackedLinear)  # fused (specdec.runtime.fused)
     assert runtime.options["freezing"] is False  # every linear packed: weights stay inputs (AOTAutograd's cache)
     traces, stamps = (len(compilation_time_metrics.get(key, [])) - count for key, count in
                       zip(("invoke_subgraph_trace", "invoke_subgraph_reuse_stamp_out"), before))
@@ -263,6 +264,25 @@ def test_fused_projections_give_the_unfused_copys_logits_bit_for_bit(tmp_path, a
     assert not hasattr(fused.model.layers[0].mlp, "up_proj") and hasattr(fused.model.layers[0].mlp, "gate_up_proj")
     assert torch.equal(fused(GREEDY_PROMPT).logits, plain(GREEDY_PROMPT).logits)
     assert torch.equal(pickle.loads(pickle.dumps(fused))(GREEDY_PROMPT).logits, plain(GREEDY_PROMPT).logits)
+
+
+@needs_avx512
+def test_a_copy_of_a_fused_float32_model_reads_each_part_by_name():
+    """fuse_projections on float32 panels: the model's logits bit for bit on the kernel's rows (a prompt past them
+    multiplies by panels that, where the parts' widths are not multiples of 48, mix two parts: to rounding), and a
+    packed int8 copy made from it (copy_of reads each q_proj as its rows of the fused weight, part_linear) is the
+    copy of the unfused model, bit for bit."""
+    from specdec.runtime.copies import copy_of
+
+    plain, fused = (tiny_model("llama", seed=0, scale=20.0) for _ in range(2))
+    for model in (plain, fused):
+        pack_linears(model, (1, 4))
+    assert fuse_projections(fused) == 2 * fused.config.num_hidden_layers
+    assert isinstance(fused.model.layers[0].self_attn.qkv_proj, PackedLinear)
+    assert torch.equal(fused(GREEDY_PROMPT[:, :3]).logits, plain(GREEDY_PROMPT[:, :3]).logits)
+    torch.testing.assert_close(fused(GREEDY_PROMPT).logits, plain(GREEDY_PROMPT).logits, atol=1e-5, rtol=1e-5)
+    copies = [copy_of(model, "packed_int8") for model in (plain, fused)]
+    assert torch.equal(copies[1](GREEDY_PROMPT).logits, copies[0](GREEDY_PROMPT).logits)
 
 
 @needs_avx512

@@ -22,6 +22,7 @@ import weakref
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
+from .fused import part_linear
 from .packed import PackedInt8Linear, PackedLinear, PanelEmbedding
 
 COPIES = ("packed_int8", "dynamic_int8", "int8", "nf4", "fp4", "none")  # quantizations copy_of makes
@@ -145,7 +146,7 @@ def copy_of(model: PreTrainedModel, quantization: str = "none", dtype: torch.dty
         return done
 
     for name, module in list(twin.named_modules()):
-        source = model.get_submodule(name)
+        source = part_linear(model, name)  # (a fused layer's q_proj: its rows of the fused weight)
         parent, _, child = name.rpartition(".")
         if isinstance(module, torch.nn.Linear) and name not in keep:
             setattr(twin.get_submodule(parent), child,

@@ -1,16 +1,18 @@
-"""Fused projections: an attention layer's q, k and v as one packed int8 product, an MLP's gate and up as another.
+"""Fused projections: an attention layer's q, k and v as one packed product, an MLP's gate and up as another.
 
-A packed int8 copy's step calls its kernel seven times a layer; the three projections of the attention's input and
-the two of the MLP's each read the same row. Fused, a layer makes four calls instead of seven: each call has a cost
-of its own (the graph's dispatch, the kernel's threads), and a call over few outputs (k and v: 192 of SmolLM2's)
-reads its weights at a fraction of the rate a wide one does. One call over the outputs of several is exactly their
-calls: the kernel sums each output over k in one order, whatever the panel it falls in (kernels/packed_mm.cpp), so
-the fused layer's outputs are the parts' outputs, bit for bit.
+A step on the packed kernel calls it seven times a layer; the three projections of the attention's input and the
+two of the MLP's each read the same row. Fused, a layer makes four calls instead of seven: each call has a cost of
+its own (the graph's dispatch, the kernel's threads), and a call over few outputs (k and v: 192 of SmolLM2's) reads
+its weights at a fraction of the rate a wide one does. On the kernel one call over the outputs of several is
+exactly their calls: it sums each output over k in one order, whatever the panel it falls in
+(kernels/packed_mm.cpp), so the fused layer's outputs are the parts' outputs, bit for bit. (A float32 prompt
+off the kernel multiplies by the panels or the weight laid back out, PackedLinear: bit for bit too where the parts'
+widths are multiples of a panel's 48, as SmolLM2's are, and to rounding elsewhere.)
 
-Only where every part is a PackedInt8Linear without a bias and the layer is one whose forward this module restates
-(Llama's attention; the gated MLPs of Llama, Mistral, Qwen2 and Gemma): the layer's class becomes a subclass whose
-forward reads the fused product (FusedAttention, FusedMLP). A float32 target keeps its linears: copies are made from
-them by name (specdec.runtime.copies).
+Only where every part is a packed linear of one kind without a bias (PackedInt8Linear, or a float32 PackedLinear
+holding its weight as panels only) and the layer is one whose forward this module restates (Llama's attention; the
+gated MLPs of Llama, Mistral, Qwen2 and Gemma): the layer's class becomes a subclass whose forward reads the fused
+product (FusedAttention, FusedMLP). A copy made from a fused model reads each part by its own name (part_linear).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .packed import PANEL, PackedInt8Linear, unpanel
+from .packed import PANEL, PackedInt8Linear, PackedLinear, unpanel
 
 ATTENTIONS = ("LlamaAttention",)  # attention classes whose forward FusedAttention restates
 MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP")  # down(act(gate(x)) * up(x))
@@ -42,17 +44,29 @@ def fused_int8(parts: list[PackedInt8Linear]) -> PackedInt8Linear:
     return fused
 
 
+def fused_float(parts: list[PackedLinear]) -> PackedLinear:
+    """One PackedLinear whose outputs are the float32 parts' outputs in order, for passes of the same rows."""
+    linear = torch.nn.Linear(parts[0].in_features, sum(part.out_features for part in parts), bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(torch.cat([part.dense_weight() for part in parts]), requires_grad=False)
+    return PackedLinear(linear, parts[0].rows)
+
+
 def fusable(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
-    """Whether the module's linears `names` are all packed int8 ones without a bias over one input width."""
+    """Whether the module's linears `names` are packed ones of one kind without a bias over one input width: int8,
+    or float32 panels without a kept weight for passes of the same rows."""
     parts = [getattr(module, name, None) for name in names]
-    return (all(type(part) is PackedInt8Linear and part.bias is None for part in parts)
+    int8 = all(type(part) is PackedInt8Linear for part in parts)
+    panels = all(type(part) is PackedLinear and part.weight is None and part.packed.dtype == torch.float32
+                 and part.rows == parts[0].rows for part in parts)
+    return ((int8 or panels) and all(part.bias is None for part in parts)
             and len({part.in_features for part in parts}) == 1)
 
 
 def fuse(module: torch.nn.Module, names: tuple[str, ...], fused_name: str, cls: type) -> None:
     """Replace the module's linears `names` by one fused linear `fused_name` and make it a `cls` of its own class."""
     parts = [getattr(module, name) for name in names]
-    setattr(module, fused_name, fused_int8(parts))
+    setattr(module, fused_name, fused_int8(parts) if type(parts[0]) is PackedInt8Linear else fused_float(parts))
+    module.fused_name, module.fused_names = fused_name, names
     module.fused_sizes = [part.out_features for part in parts]
     for name in names:
         delattr(module, name)
@@ -99,8 +113,8 @@ class FusedMLP(torch.nn.Module):
 
 
 def fuse_projections(model: torch.nn.Module) -> int:
-    """Fuse q/k/v and gate/up of every layer of `model` where they are packed int8 linears (module docstring), in
-    place; returns how many layers it fused."""
+    """Fuse q/k/v and gate/up of every layer of `model` where they are packed linears (module docstring), in place;
+    returns how many layers it fused."""
     fused = 0
     for module in list(model.modules()):
         name = type(module).__name__
@@ -111,3 +125,23 @@ def fuse_projections(model: torch.nn.Module) -> int:
             fuse(module, ("gate_proj", "up_proj"), "gate_up_proj", FusedMLP)
             fused += 1
     return fused
+
+
+def part_linear(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The submodule `name` of the model as its class builds it: one that fusing took out (a layer's q_proj) comes
+    back as an nn.Linear with its rows of the fused weight (new memory; a packed int8 one's, dequantized)."""
+    parent, _, child = name.rpartition(".")
+    layer = model.get_submodule(parent)
+    if child not in getattr(layer, "fused_names", ()):
+        return model.get_submodule(name)
+    fused = getattr(layer, layer.fused_name)
+    index = layer.fused_names.index(child)
+    start = sum(layer.fused_sizes[:index])
+    rows = slice(start, start + layer.fused_sizes[index])
+    if isinstance(fused, PackedInt8Linear):
+        weight = unpanel(fused.packed, fused.out_features)[rows].float() * fused.scales[rows, None]
+    else:
+        weight = fused.dense_weight()[rows]
+    linear = torch.nn.Linear(fused.in_features, weight.shape[0], bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
+    return linear
