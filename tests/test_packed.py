@@ -267,6 +267,16 @@ def test_fused_projections_give_the_unfused_copys_logits_bit_for_bit(tmp_path, a
 
 
 @needs_avx512
+def test_fused_false_leaves_a_call_per_linear():
+    """compile_model(fused=False) (runtime.fused=false): every linear keeps its own call; the default fuses."""
+    plain, fused = (tiny_model("llama", seed=0, scale=20.0) for _ in range(2))
+    compile_model(plain, widths=(1,), capacity=64, packed_rows=(1, 8), fused=False)
+    compile_model(fused, widths=(1,), capacity=64, packed_rows=(1, 8))
+    assert hasattr(plain.model.layers[0].self_attn, "q_proj") and hasattr(plain.model.layers[0].mlp, "up_proj")
+    assert hasattr(fused.model.layers[0].self_attn, "qkv_proj") and not hasattr(fused.model.layers[0].mlp, "up_proj")
+
+
+@needs_avx512
 def test_a_copy_of_a_fused_float32_model_reads_each_part_by_name():
     """fuse_projections on float32 panels: the model's logits bit for bit on the kernel's rows (a prompt past them
     multiplies by panels that, where the parts' widths are not multiples of 48, mix two parts: to rounding), and a

@@ -4,8 +4,7 @@ a choice not in its Enum at composition, naming the key and the choices. What a 
 depend on each other, the hardware) is checked once by experiments.run.settings.validate.
 
 Drafters, trees and acceptance rules are `_target_` nodes (conf/draft/, conf/tree/, conf/verify/): their
-constructors validate their arguments. A new drafter is one class and one YAML file.
-"""
+constructors validate their arguments. A new drafter is one class and one YAML file."""
 
 from __future__ import annotations
 
@@ -98,6 +97,7 @@ class RuntimeConfig:
     drafts: bool = False
     heads: bool = True
     draft_cache: DraftCache = DraftCache.bfloat16
+    fused: bool = True
 
 
 @dataclass

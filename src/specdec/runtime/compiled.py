@@ -278,8 +278,8 @@ RUNTIMES = Runtimes()  # models and draft heads
 def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
                   cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
-                  dynamic_width: bool = False, invariant: bool | None = None, cache_dtype: torch.dtype | None = None
-                  ) -> CompiledForward:
+                  dynamic_width: bool = False, invariant: bool | None = None, cache_dtype: torch.dtype | None = None,
+                  fused: bool = True) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
@@ -292,7 +292,8 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     chunked kernel's rounding differences between a step and a pass stay below what flips a greedy token in
     practice: docs/performance.md). cache_dtype: the dtype its caches hold states in (None: the model's), kept where
     the model's attention runs on our kernel (grouped attention on a CPU with AVX-512), which reads a cache of another
-    dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype)."""
+    dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype). fused: where
+    the linears are packed, each layer's q/k/v and gate/up as one call of the packed kernel (specdec.runtime.fused)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
     grouped = use_grouped_attention(model, rowwise=invariant)
@@ -302,7 +303,8 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
                  "; compiled passes batch-invariant (window attention kernel)" if invariant else "")
     if packed_rows is not None:
         use_packed_kernel(model, packed_rows)
-        fuse_projections(model)  # a packed int8 copy's q/k/v and gate/up, each one call
+    if fused:  # where the linears are packed (packed_rows, or a packed int8 copy)
+        fuse_projections(model)
     use_inductor_cache()
     cache_dtype = cache_dtype if grouped and window_kernel() else None  # only our kernel reads a cache of another dtype
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
