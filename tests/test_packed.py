@@ -80,8 +80,9 @@ def test_wrong_inputs_fail_with_a_message(kernel):
 @needs_avx512
 @pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("gemma3", True)])
 def test_packed_linears_keep_the_model_and_hold_each_weight_once(arch, tied):
-    """Only the rows in range take the kernel; every float32 weight lives as panels only and comes back bit for bit
-    (a long prompt's F.linear, unpack_linears); an input embedding tied to the output layer reads the same rows out of the
+    """Every float32 weight lives as panels only, every pass of it (a long prompt's too) takes the kernel, each row's
+    bits whatever the pass's width, and the weight comes back bit for bit (unpack_linears); a bfloat16 one keeps its
+    weight for passes outside the rows; an input embedding tied to the output layer reads the same rows out of the
     output layer's panels (times Gemma's embed_scale), so the tied weight is held once."""
     model = tiny_model(arch, seed=0, scale=20.0, vocab_size=512, tie_word_embeddings=tied)  # the largest weight
     reference, embedded = model(GREEDY_PROMPT).logits, model.get_input_embeddings()(GREEDY_PROMPT)
@@ -96,14 +97,15 @@ def test_packed_linears_keep_the_model_and_hold_each_weight_once(arch, tied):
     vocabulary = model.config.vocab_size * model.config.hidden_size
     held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if t.numel() >= vocabulary}
     assert len(held) == (1 if tied else 2)  # the output layer's panels (and an untied embedding)
-    x = torch.randn(300, model.config.hidden_size)  # past UNPANEL_ROWS: F.linear on the unpanelled weight
+    x = torch.randn(300, model.config.hidden_size)  # a long prompt's rows
     bf16 = tiny_model(arch, seed=0, scale=20.0).to(torch.bfloat16)  # its prompts run faster on the weights
     pack_linears(bf16, (1, 4))
     assert all(m.weight is not None for m in bf16.modules() if isinstance(m, PackedLinear))
     q_proj = "model.layers.0.self_attn.q_proj"
-    assert torch.equal(packed[q_proj](x), torch.nn.functional.linear(x, weights[q_proj]))
-    out = model(GREEDY_PROMPT).logits  # 6 rows, past the kernel's 4: products with the panels where they lie, whose
-    # sums may round otherwise than F.linear's (they did on a 2-core EPYC, not on a Xeon)
+    wide = packed[q_proj](x)
+    assert torch.equal(wide[7:8], packed[q_proj](x[7:8]))
+    torch.testing.assert_close(wide, torch.nn.functional.linear(x, weights[q_proj]), atol=1e-4, rtol=1e-4)
+    out = model(GREEDY_PROMPT).logits  # 6 rows, past `rows`: the kernel too, whose sums may round otherwise
     torch.testing.assert_close(out, reference, atol=1e-4, rtol=1e-4)
     step = model(GREEDY_PROMPT[:, :3]).logits  # 3 rows: the kernel
     torch.testing.assert_close(step, reference[:, :3], atol=1e-4, rtol=1e-4)
