@@ -38,6 +38,22 @@ def test_mask_on_a_hand_built_tree():
     assert not windowed[4, :5].any() and windowed[4, 5:8].all()  # node 3 (position 10) sees 5..10 on its path
 
 
+@pytest.mark.parametrize("arch,chain", [("llama", True), ("mistral", False), ("gemma3", False)])
+def test_a_chains_mask_in_one_comparison_is_the_masks_built_from_positions(arch, chain):
+    """chain_mask (one row's chain: every step and pass) is masks()' answer, over a window wider than the slots in
+    use; a model with a sliding window or eager attention's additive mask takes masks() (None)."""
+    from specdec.runtime.passes import causal_ancestry
+
+    lm = CachedLM(tiny_model(arch))
+    lm.forward(torch.tensor([[1, 2, 3]]))
+    for width, keys in [(1, 4), (3, 8), (5, 64)]:
+        fast = lm.chain_mask(width, keys)
+        assert (fast is not None) == chain
+        if chain:
+            positions = torch.arange(3, 3 + width)[None]
+            assert torch.equal(fast, lm.masks(positions, causal_ancestry(1, width, lm.device), keys=keys))
+
+
 def node_ancestry(tree):
     """(1, 1 + n, 1 + n): the root, then the tree's nodes, as the target's pass sees them."""
     return ancestry([-1] + [p + 1 for p in tree.parents.tolist()])[None]

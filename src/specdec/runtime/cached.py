@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from .compiled import CompiledForward, Rebucket, compiled_forward, runs_compiled
 from .features import FeatureStore, tapped
 from .layers import attention_windows, full_cache, slot_cache
-from .masks import check_masked_backend, model_mask
+from .masks import SDPA_BACKENDS, check_masked_backend, model_mask
 from .passes import DEAD, causal_ancestry, left_padded, padded_pass
 
 __all__ = ["DEAD", "CachedLM", "context_length", "left_padded", "logits_width"]
@@ -142,6 +142,16 @@ class CachedLM:
             masks[kind] = model_mask(visible, self.model)
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
+    def chain_mask(self, width: int, keys: int) -> torch.Tensor | None:
+        """masks() for one row's chain of `width` new tokens over `keys` slots, built in one comparison (a step's
+        mask, on every draft step and target pass): query i sees slots 0..slots + i. None where masks() is needed: a
+        sliding window, an additive mask (eager attention), several rows."""
+        if self.rows != 1 or self.windows != {"full_attention": None} or (
+                self.model.config._attn_implementation not in SDPA_BACKENDS):
+            return None
+        last = torch.arange(self.slots, self.slots + width, device=self.device)[:, None]  # (n, 1)
+        return (torch.arange(keys, device=self.device) <= last)[None, None]  # (1, 1, n, keys)
+
     @torch.inference_mode()
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, ancestry: torch.Tensor | None = None,
@@ -185,6 +195,7 @@ class CachedLM:
         rows, width = tokens.shape
         tokens = tokens.clone(memory_format=torch.contiguous_format)  # a graph guards on strides: a slice of a
         # longer sequence (stride L) would compile a graph per sequence length
+        chain = ancestry is None
         ancestry = causal_ancestry(rows, width, self.device) if ancestry is None else ancestry.to(self.device)
         bucket = self.compiled.bucket(width)
         padded = bucket or width
@@ -192,8 +203,9 @@ class CachedLM:
             tokens, positions, ancestry = padded_pass(tokens, positions, ancestry, padded)
         for layer in self.cache.layers:
             layer.reserve(self.compiled.room(self.slots + padded))
-        mask = self.masks(positions, ancestry, keys=self.compiled.window(self.slots + padded,
-                                                                          self.cache.layers[0].capacity))
+        keys = self.compiled.window(self.slots + padded, self.cache.layers[0].capacity)
+        mask = self.chain_mask(width, keys) if chain and padded == width else None
+        mask = self.masks(positions, ancestry, keys=keys) if mask is None else mask
         held = all(layer.held() for layer in self.cache.layers)
         keep = 1 if last_only and padded == width else 0
         run = self.compiled if bucket is not None and held else functools.partial(self.compiled.run, keep=keep)
