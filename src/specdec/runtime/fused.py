@@ -5,9 +5,8 @@ two of the MLP's each read the same row. Fused, a layer makes four calls instead
 its own (the graph's dispatch, the kernel's threads), and a call over few outputs (k and v: 192 of SmolLM2's) reads
 its weights at a fraction of the rate a wide one does. On the kernel one call over the outputs of several is
 exactly their calls: it sums each output over k in one order, whatever the panel it falls in
-(kernels/packed_mm.cpp), so the fused layer's outputs are the parts' outputs, bit for bit. (A float32 prompt
-off the kernel multiplies by the panels or the weight laid back out, PackedLinear: bit for bit too where the parts'
-widths are multiples of a panel's 48, as SmolLM2's are, and to rounding elsewhere.)
+(kernels/packed_mm.cpp), so the fused layer's outputs are the parts' outputs, bit for bit, prompts included (a
+linear that holds its weight as panels only runs every pass on the kernel).
 
 Only where every part is a packed linear of one kind without a bias (PackedInt8Linear, or a float32 PackedLinear
 holding its weight as panels only) and the layer is one whose forward this module restates (Llama's attention; the
@@ -90,7 +89,7 @@ class FusedAttention(torch.nn.Module):
     embeddings, the cache, the model's attention function, o_proj (`source`: the module of the layer's class)."""
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None = None, cache=None, **kwargs) -> tuple[torch.Tensor, None]:
+                attention_mask: torch.Tensor | None = None, cache=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         q, k, v = (part.view(shape).transpose(1, 2) for part in self.qkv_proj(hidden_states).split(self.fused_sizes,
                                                                                                     dim=-1))
