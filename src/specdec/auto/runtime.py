@@ -143,9 +143,9 @@ def put_on_runtime(model: PreTrainedModel | None, runtime: RuntimeOptions, *, de
 def draft_cache_dtype(model: PreTrainedModel, choice: str) -> torch.dtype | None:
     """The dtype a compiled copy that reads the target's cache keeps its states in (None: the copy's own).
     bfloat16 for a float32 copy, which compile_model keeps where its attention kernel runs (specdec.runtime.attention,
-    a CPU with AVX-512) and drops elsewhere: the copy's step reads
-    the whole cache, and after long contexts the cache is a large part of its bytes (after 2048 tokens SmolLM2-135M's
-    float32 cache holds 94 MB, its packed int8 copy's linears 134 MB); in bfloat16 half of it. The draft is then
+    a CPU with AVX-512) and drops elsewhere: the copy's step reads the whole cache, and after long contexts the cache
+    is a large part of its bytes (after 2048 tokens SmolLM2-135M's float32 cache holds 94 MB, its packed int8 copy's
+    linears 134 MB); in bfloat16 half of it. The draft is then
     "the copy, reading the target's states rounded to bfloat16": only a proposal, so exactness holds. After 1,993
     tokens a step of that copy took 11.3 ms against 12.7 on a 2-core AMD EPYC, its drafts accepted as often
     (docs/performance.md, The int8 draft)."""

@@ -85,7 +85,8 @@ def causal_prompt(mask: torch.Tensor) -> bool:
     empty cache (one row, full attention), which SDPA runs as is_causal without computing the blocks above the
     diagonal that the mask would hide (after 2k tokens half of the prefill's attention). Every layer of a pass gets
     the same mask: the answer is kept on it."""
-    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[:2] != (1, 1) or not 1 < mask.shape[2] <= mask.shape[3]:
+    shape = mask.shape
+    if mask.dtype != torch.bool or mask.dim() != 4 or shape[:2] != (1, 1) or not 1 < shape[2] <= shape[3]:
         return False
     if not hasattr(mask, "causal_prompt"):
         n = mask.shape[2]

@@ -308,7 +308,8 @@ class CachedLM:
     @torch.inference_mode()
     def copy_from(self, other: CachedLM, start: int) -> None:
         """Hold other's slots: keep our first `start` (copied from it before, same layout), append its slots from
-        `start` on cast to our dtype (a slot cache casts them to its own), and take its positions (slots it marked dead since are dead here too)."""
+        `start` on cast to our dtype (a slot cache casts them to its own), and take its positions (slots it marked
+        dead since are dead here too)."""
         embedding = self.model.get_input_embeddings()
         dtype = getattr(embedding, "dtype", None) or embedding.weight.dtype  # (a PanelEmbedding's: its panels')
         for mine, theirs in zip(self.cache.layers, other.cache.layers):

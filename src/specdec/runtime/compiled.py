@@ -292,8 +292,9 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     chunked kernel's rounding differences between a step and a pass stay below what flips a greedy token in
     practice: docs/performance.md). cache_dtype: the dtype its caches hold states in (None: the model's), kept where
     the model's attention runs on our kernel (grouped attention on a CPU with AVX-512), which reads a cache of another
-    dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype). fused: where
-    the linears are packed, each layer's q/k/v and gate/up as one call of the packed kernel (specdec.runtime.fused)."""
+    dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype).
+    fused: where the linears are packed, each layer's q/k/v and gate/up as one call of the packed kernel
+    (specdec.runtime.fused)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
     grouped = use_grouped_attention(model, rowwise=invariant)

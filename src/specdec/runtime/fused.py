@@ -28,18 +28,15 @@ MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "GemmaMLP", "Gemma2MLP", "Gemma3ML
 
 
 def fused_int8(parts: list[PackedInt8Linear]) -> PackedInt8Linear:
-    """One PackedInt8Linear whose outputs are the parts' outputs in order: their int8 rows and scales, laid out in
-    panels again (pack's layout, kernels/packed_mm.cpp)."""
+    """One PackedInt8Linear whose outputs are the parts' outputs in order: their int8 rows packed in panels again
+    (torch.ops.specdec.pack), their scales padded to the panels."""
     rows = torch.cat([unpanel(part.packed, part.out_features) for part in parts])
     scales = torch.cat([part.scales[: part.out_features] for part in parts])
     fused = PackedInt8Linear.__new__(PackedInt8Linear)
     torch.nn.Module.__init__(fused)
     fused.in_features, fused.out_features, fused.bias = parts[0].in_features, rows.shape[0], None
-    count = -(-rows.shape[0] // PANEL)
-    padded = rows.new_zeros(count * PANEL, rows.shape[1])
-    padded[: rows.shape[0]] = rows
-    fused.register_buffer("packed", padded.view(count, PANEL, -1).transpose(1, 2).contiguous())
-    fused.register_buffer("scales", torch.cat([scales, scales.new_zeros(count * PANEL - scales.shape[0])]))
+    fused.register_buffer("packed", torch.ops.specdec.pack(rows))
+    fused.register_buffer("scales", torch.cat([scales, scales.new_zeros(fused.packed.shape[0] * PANEL - len(scales))]))
     return fused
 
 
@@ -52,11 +49,11 @@ def fused_float(parts: list[PackedLinear]) -> PackedLinear:
 
 def fusable(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
     """Whether the module's linears `names` are packed ones of one kind without a bias over one input width: int8,
-    or float32 panels without a kept weight for passes of the same rows."""
+    or float32 panels without a kept weight (every pass of those on the kernel, whatever their `rows`)."""
     parts = [getattr(module, name, None) for name in names]
     int8 = all(type(part) is PackedInt8Linear for part in parts)
     panels = all(type(part) is PackedLinear and part.weight is None and part.packed.dtype == torch.float32
-                 and part.rows == parts[0].rows for part in parts)
+                 for part in parts)
     return ((int8 or panels) and all(part.bias is None for part in parts)
             and len({part.in_features for part in parts}) == 1)
 
@@ -89,7 +86,8 @@ class FusedAttention(torch.nn.Module):
     embeddings, the cache, the model's attention function, o_proj (`source`: the module of the layer's class)."""
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None = None, cache=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, cache=None, **kwargs
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         q, k, v = (part.view(shape).transpose(1, 2) for part in self.qkv_proj(hidden_states).split(self.fused_sizes,
                                                                                                     dim=-1))
@@ -127,8 +125,8 @@ def fuse_projections(model: torch.nn.Module) -> int:
 
 
 def part_linear(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The submodule `name` of the model as its class builds it: one that fusing took out (a layer's q_proj) comes
-    back as an nn.Linear with its rows of the fused weight (new memory; a packed int8 one's, dequantized)."""
+    """The submodule `name` of the model as its class builds it: one that fusing took out of a float32 model (a
+    layer's q_proj) comes back as an nn.Linear with its rows of the fused weight (new memory)."""
     parent, _, child = name.rpartition(".")
     layer = model.get_submodule(parent)
     if child not in getattr(layer, "fused_names", ()):
@@ -137,10 +135,7 @@ def part_linear(model: torch.nn.Module, name: str) -> torch.nn.Module:
     index = layer.fused_names.index(child)
     start = sum(layer.fused_sizes[:index])
     rows = slice(start, start + layer.fused_sizes[index])
-    if isinstance(fused, PackedInt8Linear):
-        weight = unpanel(fused.packed, fused.out_features)[rows].float() * fused.scales[rows, None]
-    else:
-        weight = fused.dense_weight()[rows]
+    weight = fused.dense_weight()[rows]
     linear = torch.nn.Linear(fused.in_features, weight.shape[0], bias=False, device="meta")
     linear.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
     return linear

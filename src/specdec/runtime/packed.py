@@ -11,12 +11,12 @@ batch-invariant: a row's output does not depend on how many rows the pass has (k
 float32 model holds its linear weights once, as panels, and its prompts run on the kernel too: it keeps each panel in
 the L2 cache while tiles of 8 rows pass over it, near the CPU's arithmetic rate (SmolLM2-135M's layer on a 2-core
 EPYC: 2.3-3.6 ms for 64 rows against 3.8-5.5 as a batch of products with the panels in place, 74-96 against 81-111
-for 2048 rows with F.linear on the weight laid back out; docs/performance.md). An input embedding tied to the output layer reads its
-rows out of that layer's panels (PanelEmbedding); bfloat16 linears and a draft head's keep their weights, which
-their passes outside `rows` use (F.linear; pack_linears). `packed_int8_copy` makes a weight-only int8 copy instead
-(PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its target at a quarter
-of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the specdec cache folder
-(about 7 s: the source includes only the ATen headers it uses).
+for 2048 rows with F.linear on the weight laid back out; docs/performance.md). An input embedding tied to the output
+layer reads its rows out of that layer's panels (PanelEmbedding); bfloat16 linears and a draft head's keep their
+weights, which their passes outside `rows` use (F.linear; pack_linears). `packed_int8_copy` makes a weight-only int8
+copy instead (PackedInt8Linear: int8 panels and a scale per output, nothing else kept), a draft close to its target
+at a quarter of the bytes. The kernel needs AVX-512 and a C++ compiler; it is built once per machine into the specdec
+cache folder (about 7 s: the source includes only the ATen headers it uses).
 """
 
 from __future__ import annotations

@@ -108,9 +108,10 @@ at::Tensor panels_of(const at::Tensor& weight) {  // (N, K) -> (ceil(N / 48), K,
   return padded.view({panels, PANEL, K}).transpose(1, 2).contiguous();
 }
 
-at::Tensor pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
-              "pack takes a 2D float32 or bfloat16 weight");
+at::Tensor pack(const at::Tensor& weight) {  // int8: pack_int8's rows laid out again (a fused linear's)
+  const auto type = weight.scalar_type();
+  TORCH_CHECK(weight.dim() == 2 && (type == at::kFloat || type == at::kBFloat16 || type == at::kChar),
+              "pack takes a 2D float32, bfloat16 or int8 weight");
   return panels_of(weight);
 }
 
