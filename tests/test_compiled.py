@@ -372,6 +372,35 @@ def test_one_graph_serves_every_cache_and_sequence_length(monkeypatch):
     assert longer.forward(ids[:, 9:10]).shape[1] == 1
 
 
+def test_a_call_seen_before_calls_its_graph_directly_with_the_same_bits(monkeypatch):
+    """After a pass through dynamo, a pass with inputs of the same key calls its graph directly
+    (specdec.runtime.direct): the same logits and the same cache, bit for bit, as the same passes through dynamo;
+    a key never seen (another width, a new cache's first pass) still goes through dynamo."""
+    target = compiled_tiny("llama")
+    runtime = compiled_forward(target)
+    widths = [1, 2, 1, 4, 1, 3, 1]
+
+    def passes() -> tuple[list[torch.Tensor], CachedLM]:
+        lm, at, logits = CachedLM(target), 9, []
+        lm.forward(GREEDY_PROMPT[:, :at])
+        for width in widths:
+            logits.append(lm.forward(torch.arange(at, at + width)[None] % 50))
+            at += width
+        return logits, lm
+
+    through, dynamo_lm = passes()  # the first time every key goes through dynamo
+    assert runtime.direct and all(runtime.direct.values())  # each key bound to its graph
+    monkeypatch.setattr(runtime, "through_dynamo", None)  # from here a call through dynamo raises
+    direct, direct_lm = passes()
+    assert all(torch.equal(a, b) for a, b in zip(through, direct))
+    for ours, theirs in zip(direct_lm.cache.layers, dynamo_lm.cache.layers):
+        assert torch.equal(ours.key_buffer, theirs.key_buffer) and torch.equal(ours.filled, theirs.filled)
+    two = CachedLM(target)  # two rows: a key never seen goes through dynamo
+    two.forward(GREEDY_PROMPT[:, :9].repeat(2, 1))  # (a prompt wider than every bucket runs eager)
+    with pytest.raises(TypeError, match="not callable"):
+        two.forward(torch.zeros(2, 1, dtype=torch.long))
+
+
 def test_a_dropped_compiled_model_is_freed_and_a_copy_runs_eager():
     """The runtime lives on its model (specdec.runtime.compiled.Runtimes): dropping the model frees both, where a
     registry of models would keep every compiled model of a sweep or a bench alive; a copy of a compiled model is

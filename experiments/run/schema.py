@@ -98,6 +98,7 @@ class RuntimeConfig:
     heads: bool = True
     draft_cache: DraftCache = DraftCache.bfloat16
     fused: bool = True
+    direct: bool = True
 
 
 @dataclass

@@ -54,8 +54,7 @@ def check_int(value: object, key: str, minimum: int, also: tuple[str, ...] = ())
 
 def check_bounds(cfg: DictConfig) -> None:
     """Every key set (`???` filled in) and every integer key in its bounds (AT_LEAST)."""
-    missing = [key for key in OmegaConf.missing_keys(cfg) if not key.startswith(NODES)]
-    if missing:
+    if missing := [key for key in OmegaConf.missing_keys(cfg) if not key.startswith(NODES)]:
         raise ConfigError(f"{missing[0]} must be set")
     for key, minimum in AT_LEAST.items():
         value = OmegaConf.select(cfg, key)

@@ -56,6 +56,7 @@ class RuntimeOptions:
     draft_cache: str = BFLOAT16  # the dtype a compiled copy that reads the target's cache keeps it in: bfloat16
     # (where the attention kernel runs) or model (the copy's own dtype); see draft_cache_dtype
     fused: bool = True  # packed linears: q/k/v and gate/up each one call of the packed kernel (runtime.fused)
+    direct: bool = True  # on a CPU, calls like ones seen before call their graph directly (runtime.direct)
 
     def __post_init__(self) -> None:
         """Settings the compiled runtime can take; a ValueError naming the field and the fix otherwise."""

@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import GROUPED, shipped_attention, use_grouped_attention, window_kernel
+from .direct import GraphRecorder, call_key
 from .fused import fuse_projections
 from .graphs import CudaGraphs
 from .inductor import (
@@ -101,6 +102,7 @@ class CompiledForward:
     smallest. dynamic_width: on a CPU, one graph per row count for every width up to the widest bucket, each pass at
     its own width (mark_width), instead of one graph per bucket with passes padded to it. cache_dtype: the dtype its
     caches hold states in (None: the model's; a draft's float32 states kept in bfloat16 read half the bytes).
+    direct: on a CPU, a call like one seen before calls its graph directly, not through dynamo (specdec.runtime.direct).
     """
 
     built = 0  # graphs that the calls of every compiled runtime in this process traced (compiled, loaded from
@@ -108,7 +110,7 @@ class CompiledForward:
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capacity: int = CAPACITY,
                  autotune: bool = False, cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
-                 dynamic_width: bool = False, cache_dtype: torch.dtype | None = None):
+                 dynamic_width: bool = False, cache_dtype: torch.dtype | None = None, direct: bool = True):
         check_settings(widths, capacity)
         self.model, self.widths, self.capacity = model, tuple(sorted(set(widths))), capacity
         self.cache_dtype = cache_dtype
@@ -127,9 +129,11 @@ class CompiledForward:
         self.regions = not options["freezing"] and use_layer_regions(model) > 0  # each graph traces the decoder
         # layer once, not once per layer (specdec.runtime.regions); frozen weights are graph constants, which a
         # region's trace cannot be stamped out over (torch 2.13)
+        self.recorder = GraphRecorder(options)  # inductor with these options, keeping each graph's input sources
         self.compiled = torch.compile(own_code(type(self).run).__get__(self), fullgraph=True, dynamic=False,
-                                      options={**options, "guard_filter_fn": skip_buffer_guards(model)})
+                                      backend=self.recorder, options={"guard_filter_fn": skip_buffer_guards(model)})
         self.graphs = CudaGraphs(self.compiled) if cuda and cuda_graphs else None  # replays of passes seen before
+        self.direct = {} if direct and not cuda else None  # call_key -> DirectCall (None: every call via dynamo)
 
     def __reduce__(self):
         """A copy of a compiled model runs eager: its runtime copies as None (Runtimes)."""
@@ -181,7 +185,20 @@ class CompiledForward:
 
     def __call__(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """run(*inputs) in the graph of the first input's shape (tokens (B, n): rows and width; rows and the widest
-        bucket with dynamic_width). Inputs of shapes seen before check only the guards that tell graphs apart (which
+        bucket with dynamic_width): called directly where a call of the same key ran it before (direct), else through
+        dynamo (through_dynamo)."""
+        key = call_key(inputs) if self.direct is not None and self.graphs is None else None  # (replays: graphs)
+        direct = self.direct.get(key) if key is not None else None
+        if direct:
+            return direct(inputs)
+        self.recorder.forget()
+        out = self.through_dynamo(*inputs)
+        if key is not None and key not in self.direct and (graph := self.recorder.ran(out)) is not None:
+            self.direct[key] = graph.bind(type(self).run, self, inputs) or False  # False: always through dynamo
+        return out
+
+    def through_dynamo(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """__call__ through dynamo. Inputs of shapes seen before check only the guards that tell graphs apart (which
         shape), not the hundreds on the model's modules (about 1.5 ms a SmolLM2-135M pass), and outside inductor's
         settings (nothing compiles there)."""
         shape = (len(inputs[0]), max(self.widths)) if self.dynamic_width else tuple(inputs[0].shape)
@@ -279,7 +296,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
                   autotune: bool = False, packed_rows: tuple[int, int] | None = None,
                   cpp_wrapper: bool = False, window: int = WINDOW, cuda_graphs: bool = True,
                   dynamic_width: bool = False, invariant: bool | None = None, cache_dtype: torch.dtype | None = None,
-                  fused: bool = True) -> CompiledForward:
+                  fused: bool = True, direct: bool = True) -> CompiledForward:
     """Run `model` on the compiled runtime from now on: every CachedLM of it uses a slot cache and compiled
     passes (see the module's docstring). Compiles lazily, one graph per (rows, width bucket) at its first use.
     packed_rows (first, last): passes of that many rows (tokens times batch rows) run the model's float32 linears on
@@ -294,7 +311,8 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     the model's attention runs on our kernel (grouped attention on a CPU with AVX-512), which reads a cache of another
     dtype, and dropped elsewhere (a float32 draft's bfloat16 cache: specdec.auto.runtime.draft_cache_dtype).
     fused: where the linears are packed, each layer's q/k/v and gate/up as one call of the packed kernel
-    (specdec.runtime.fused)."""
+    (specdec.runtime.fused). direct: on a CPU, calls like ones seen before call their graph directly, not through
+    dynamo (specdec.runtime.direct)."""
     check_compilable(model)
     invariant = model.dtype in (torch.bfloat16, torch.float16) if invariant is None else invariant
     grouped = use_grouped_attention(model, rowwise=invariant)
@@ -309,7 +327,7 @@ def compile_model(model: PreTrainedModel, widths: tuple[int, ...] = WIDTHS, capa
     use_inductor_cache()
     cache_dtype = cache_dtype if grouped and window_kernel() else None  # only our kernel reads a cache of another dtype
     RUNTIMES[model] = CompiledForward(model, widths, capacity, autotune, cpp_wrapper, window, cuda_graphs,
-                                      dynamic_width, cache_dtype)
+                                      dynamic_width, cache_dtype, direct)
     return RUNTIMES[model]
 
 
