@@ -76,7 +76,7 @@ class ModelDrafter:
         drafted, rows = [], []
         for i in range(k):
             q = probabilities(logits, sampling)  # (B, V)
-            x = sample(q, generator)  # (B,)
+            x = logits.argmax(dim=-1) if sampling.greedy else sample(q, generator)  # (B,): q's one token, greedy
             drafted.append(x)
             rows.append(q)
             if i + 1 < k:
