@@ -384,12 +384,17 @@ def test_a_call_seen_before_calls_its_graph_directly_with_the_same_bits(monkeypa
         lm, at, logits = CachedLM(target), 9, []
         lm.forward(GREEDY_PROMPT[:, :at])
         for width in widths:
-            logits.append(lm.forward(torch.arange(at, at + width)[None] % 50))
+            logits.append(lm.forward(torch.arange(at, at + width)[None] % target.config.vocab_size))
             at += width
         return logits, lm
 
     through, dynamo_lm = passes()  # the first time every key goes through dynamo
     assert runtime.direct and all(runtime.direct.values())  # each key bound to its graph
+    steps = CachedLM(target)  # steps past the first 64 slots: new keys (a wider window), the same graph and call
+    steps.forward(GREEDY_PROMPT[:, :9])
+    for at in range(9, 80):
+        steps.forward(torch.tensor([[at % target.config.vocab_size]]))
+    assert len({id(call) for call in runtime.direct.values()}) < len(runtime.direct)
     monkeypatch.setattr(runtime, "through_dynamo", None)  # from here a call through dynamo raises
     direct, direct_lm = passes()
     assert all(torch.equal(a, b) for a, b in zip(through, direct))

@@ -74,10 +74,16 @@ class RecordedGraph:
 
     def __init__(self, compiled, sources: list[str] | None):
         self.compiled, self.sources = compiled, sources
+        self.calls: dict[int, DirectCall | None] = {}  # by input count: one per graph, whatever the key
 
     def bind(self, run, owner: object, inputs: tuple) -> DirectCall | None:
         """The direct call of this graph for `run(*inputs)`, a method of `owner` (L['self']), or None where a source
-        does not evaluate."""
+        does not evaluate. Made once: every key this graph serves (a window, a width, a capacity) shares it."""
+        if len(inputs) not in self.calls:
+            self.calls[len(inputs)] = self.direct_call(run, owner, inputs)
+        return self.calls[len(inputs)]
+
+    def direct_call(self, run, owner: object, inputs: tuple) -> DirectCall | None:
         params = list(inspect.signature(run).parameters)[1: 1 + len(inputs)]  # after self
         frame = {"L": {"self": owner, **dict(zip(params, inputs))}, "G": run.__globals__}
         per_call = tuple(f"L['{name}']" for name in params)
