@@ -113,14 +113,23 @@ class DirectCall:
 
 
 def call_key(inputs: tuple) -> tuple:
-    """What tells a compiled runtime's graphs apart in a call's inputs: each tensor's shape, strides, dtype and
-    device (a mask dictionary's, each), a cache's capacity and its buffers', and grad and inference mode."""
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *(described(x) for x in inputs))
+    """What tells a compiled runtime's graphs apart in a call: each tensor's shape, strides, dtype, device and kind
+    (inference or not, requiring grad or not; a mask dictionary's, each), a cache's capacity and its buffers', and
+    the global state dynamo guards (grad mode, torch's thread count, the default dtype, autocast...)."""
+    return global_state(), torch.is_inference_mode_enabled(), *(described(x) for x in inputs)
+
+
+def global_state() -> object:
+    """Dynamo's own record of the global state its graphs are guarded on (a few microseconds)."""
+    guard = getattr(torch._C._dynamo.guards, "GlobalStateGuard", None)
+    if guard is None:  # (another torch: the state this module knows of)
+        return torch.is_grad_enabled(), torch.get_num_threads(), torch.get_default_dtype()
+    return guard().__getstate__()
 
 
 def described(x: object) -> object:
     if isinstance(x, torch.Tensor):
-        return x.shape, x.stride(), x.dtype, x.device
+        return x.shape, x.stride(), x.dtype, x.device, x.is_inference(), x.requires_grad
     if isinstance(x, dict):
         return tuple((name, described(value)) for name, value in x.items())
     layers = getattr(x, "layers", None)
