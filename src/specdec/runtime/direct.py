@@ -4,13 +4,13 @@ its inputs gathered by one generated function, instead of going through dynamo's
 Every call of a torch.compile'd function runs bytecode that dynamo wrote for it: it gathers the graph's inputs (for
 a model whose weights are graph inputs, every parameter and buffer: about 400-600 tensors in SmolLM2-135M) by
 attribute lookups, selects the graph by its guards, and wraps the call in dynamo's context managers. On a 2-core
-AMD EPYC that took about 0.85 ms of a packed int8 copy's 6.8 ms step (docs/performance.md, The runtime). Here the
+AMD EPYC that took 1.3-1.6 ms of a packed int8 copy's 8.7-11.9 ms step (docs/performance.md, The runtime). Here the
 backend is inductor as torch.compile runs it (GraphRecorder: the same settings, the same disk cache), and it keeps,
 for each graph it compiles, the source of each input (dynamo's names for them: "L['self'].model._modules[...]",
 "L['cache'].layers[0].key_buffer.size()[2]"). After a call through dynamo ran a graph and returned exactly the
-graph's two outputs, `direct` binds that graph to the call's key (every input's shape, strides, dtype and device,
-a cache's capacity; what tells a runtime's graphs apart): the inputs that live on the runtime's model are read
-once, the others by a generated function at each call.
+graph's two outputs, `bind` gives that graph's direct call to the call's key (call_key: what tells a runtime's
+graphs apart, and the global state dynamo guards): the inputs that live on the runtime's model are read once, the
+others by a generated function at each call.
 
 What the bytecode does besides the call is not replayed. For transformers' models that is the reset of its output
 collector (transformers.utils.output_capturing), which every call leaves as it found it; a graph that returns more
