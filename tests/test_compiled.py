@@ -107,6 +107,24 @@ def test_decoder_layers_are_traced_once_and_stamped_out(arch):
     assert all("forward" not in vars(layer) for layer in target.model.layers)
 
 
+def test_a_layers_keywords_enter_its_region_as_flat_positional_values():
+    """flat_keywords turns a decoder layer's keywords into a names string and flat values (a tuple's items marked
+    with their count), which dynamo matches to a recorded region without a pytree flatten; keywords_of gives back
+    the same keywords; a keyword holding a dict or a list is left to the keyword call."""
+    from specdec.runtime.regions import flat_keywords, keywords_of
+
+    cos, sin, mask = torch.randn(1, 3, 8), torch.randn(1, 3, 8), torch.zeros(1, 1, 3, 64)
+    kwargs = {"attention_mask": mask, "position_embeddings": (cos, sin), "position_ids": None, "use_cache": True}
+    names, values = flat_keywords(kwargs)
+    assert names == "attention_mask,position_embeddings:2,position_ids,use_cache"
+    assert len(values) == 5 and all(a is b for a, b in zip(values, (mask, cos, sin, None, True)))
+    back = keywords_of(names, values)
+    assert list(back) == list(kwargs) and back["position_embeddings"][1] is sin and back["attention_mask"] is mask
+    assert keywords_of(*flat_keywords({})) == {}
+    assert flat_keywords({"position_embeddings": {"global": (cos, sin)}}) is None
+    assert flat_keywords({"ids": [1, 2]}) is None
+
+
 def test_a_draft_head_reads_the_compiled_targets_features():
     """The compiled graphs return the last hidden state next to the logits: a draft head drafts from the features
     of compiled passes (steps, padded passes, the eager prefill), which equal the eager runtime's, and its greedy

@@ -11,6 +11,11 @@ the layer's slice of the slot cache as three tensors (keys, values, fill count) 
 (inline_invoke_subgraph: the regions are inlined after tracing), so the compiled code, its speed and its numerics do
 not change; only the trace is shorter.
 
+The layer's keyword arguments (the attention mask, the rotary (cos, sin) pair, the position ids, flags) go into the
+region as one flat row of positional values after a string naming them (flat_keywords), since dynamo matches a call
+of flat positional leaves to a recorded trace directly, where keywords or a tuple cost a symbolic pytree flatten of
+every call (about 55 ms a layer on a 2-core AMD EPYC: 3.3 s of the two graphs a default run loads).
+
 Outside a compiled trace, and for a cache that is not a slot cache, each layer runs its own forward as before.
 """
 
@@ -38,9 +43,47 @@ class LayerSlots:
 
 
 def layer_pass(layer: torch.nn.Module, hidden_states: torch.Tensor, key_buffer: torch.Tensor,
-               value_buffer: torch.Tensor, filled: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The decoder layer's own forward on its slots (the body of every layer's region)."""
+               value_buffer: torch.Tensor, filled: torch.Tensor, names: str = "", *values, **kwargs) -> torch.Tensor:
+    """The decoder layer's own forward on its slots (the body of every layer's region), its keywords `kwargs` and
+    those flat_keywords made into (`names`, `values`)."""
+    kwargs.update(keywords_of(names, values))
     return type(layer).forward(layer, hidden_states, cache=LayerSlots(key_buffer, value_buffer, filled), **kwargs)
+
+
+def flat_keywords(kwargs: dict) -> tuple[str, tuple] | None:
+    """Keyword arguments as (names, values): each value a leaf (a tensor, number, string, bool or None) or a tuple
+    of leaves, which stands as its items, its name marked with their count ("position_embeddings:2"); None where a
+    value is another kind of container."""
+    names, values = [], []
+    for name, value in kwargs.items():
+        if isinstance(value, tuple) and all(is_leaf(item) for item in value):
+            names.append(f"{name}:{len(value)}")
+            values.extend(value)
+        elif is_leaf(value):
+            names.append(name)
+            values.append(value)
+        else:
+            return None
+    return ",".join(names), tuple(values)
+
+
+def is_leaf(value: object) -> bool:
+    """Whether flat_keywords passes `value` as it is: a tensor, a number, a string, a bool or None."""
+    return value is None or isinstance(value, (torch.Tensor, bool, int, float, str))
+
+
+def keywords_of(names: str, values: tuple) -> dict:
+    """The keyword arguments flat_keywords flattened into (names, values)."""
+    kwargs, at = {}, 0
+    for entry in names.split(",") if names else ():
+        name, _, count = entry.partition(":")
+        if count:
+            kwargs[name] = tuple(values[at:at + int(count)])
+            at += int(count)
+        else:
+            kwargs[name] = values[at]
+            at += 1
+    return kwargs
 
 
 MAX_TRACES = 256  # traces the region keeps within one graph: one per kind of layer, each layer at most
@@ -52,7 +95,11 @@ def regional_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *args,
     slots = cache.layers[layer.self_attn.layer_idx] if cache is not None else None
     if args or not isinstance(slots, SlotLayer) or not slots.held() or not torch.compiler.is_compiling():
         return type(layer).forward(layer, hidden_states, *args, cache=cache, **kwargs)
-    return LAYER_REGION(layer, hidden_states, slots.key_buffer, slots.value_buffer, slots.filled, **kwargs)
+    flat = flat_keywords(kwargs)
+    if flat is None:
+        return LAYER_REGION(layer, hidden_states, slots.key_buffer, slots.value_buffer, slots.filled, **kwargs)
+    names, values = flat
+    return LAYER_REGION(layer, hidden_states, slots.key_buffer, slots.value_buffer, slots.filled, names, *values)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
