@@ -14,7 +14,7 @@ not change; only the trace is shorter.
 The layer's keyword arguments (the attention mask, the rotary (cos, sin) pair, the position ids, flags) go into the
 region as one flat row of positional values after a string naming them (flat_keywords), since dynamo matches a call
 of flat positional leaves to a recorded trace directly, where keywords or a tuple cost a symbolic pytree flatten of
-every call (about 55 ms a layer on a 2-core AMD EPYC: 3.3 s of the two graphs a default run loads).
+every call (on a 2-core AMD EPYC 0.45-0.8 s of a default run's warm load of a graph: docs/performance.md, The runtime).
 
 Outside a compiled trace, and for a cache that is not a slot cache, each layer runs its own forward as before.
 """
@@ -43,7 +43,7 @@ class LayerSlots:
 
 
 def layer_pass(layer: torch.nn.Module, hidden_states: torch.Tensor, key_buffer: torch.Tensor,
-               value_buffer: torch.Tensor, filled: torch.Tensor, names: str = "", *values, **kwargs) -> torch.Tensor:
+               value_buffer: torch.Tensor, filled: torch.Tensor, names: str = "", /, *values, **kwargs) -> torch.Tensor:
     """The decoder layer's own forward on its slots (the body of every layer's region), its keywords `kwargs` and
     those flat_keywords made into (`names`, `values`)."""
     kwargs.update(keywords_of(names, values))
