@@ -36,7 +36,7 @@ def test_goal_entries_and_strict_json():
     }
     by_machine = goal_entries({"best_vs_target_only_geomean": 1.4, "block_vs_token_tokens_per_pass": 1.0},
                               flags=["avx2", "avx512_bf16"], greedy=True)  # fmt: skip
-    assert by_machine["best_vs_target_only_geomean"] == {"value": 1.4, "target": 1.45, "met": False,
+    assert by_machine["best_vs_target_only_geomean"] == {"value": 1.4, "target": 1.60, "met": False,
                                                          "target_for": "avx512_bf16"}  # fmt: skip
     assert by_machine["block_vs_token_tokens_per_pass"]["met"] and by_machine["block_vs_token_tokens_per_pass"]["target"] == 1.0
     sampled = goal_entries({"best_vs_target_only_geomean": 1.4, "block_vs_token_tokens_per_pass": 1.0}, ["avx2"], False)

@@ -12,8 +12,8 @@ import math
 NOT_MEASURED = "not measured"
 GOALS: dict[str, float | dict[str, float]] = {
     # best offline configuration of ours vs our target-only loop, geometric mean over prompt categories; by CPU:
-    # higher where bitsandbytes' fused 4-bit kernel and native bf16 matmuls make the drafts cheap (AVX512-BF16)
-    "best_vs_target_only_geomean": {"avx512_bf16": 1.45, "other": 1.30},
+    # higher where AVX-512 (with AVX512-BF16) runs the packed int8 copy and the compiled runtime's kernels
+    "best_vs_target_only_geomean": {"avx512_bf16": 1.60, "other": 1.30},
     # the same configuration in its worst category: speculation must not lose where the text does not allow it
     "best_vs_target_only_min_category": 1.00,
     # the default configuration with a competing process during its first part (calibration included), over
