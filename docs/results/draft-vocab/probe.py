@@ -29,6 +29,7 @@ for turns in itertools.islice(sharegpt(), 100, 2100):
         if turn["role"] == "assistant":
             counts.update(tok(turn["content"], add_special_tokens=False)["input_ids"])
 ranked = [t for t, _ in counts.most_common()]
+top = {n: set(ranked[:n]) for n in SIZES}
 print(f"frequency corpus: {sum(counts.values())} tokens, {len(counts)} distinct")
 
 sets = {  # conf/dataset/'s prompt sets; every bundled prompt, not one per category
@@ -42,7 +43,7 @@ for label, spec in sets.items():
         with torch.inference_mode():
             out = model.generate(ids, max_new_tokens=64, do_sample=False)
         outputs += out[0, ids.shape[1]:].tolist()
-    cover = {n: sum(t in set(ranked[:n]) for t in outputs) / len(outputs) for n in SIZES}
+    cover = {n: sum(t in top[n] for t in outputs) / len(outputs) for n in SIZES}
     print(label, len(outputs), "tokens; share in the top N:", {n: round(c, 3) for n, c in cover.items()})
 
 weight = model.get_output_embeddings().weight.detach()
